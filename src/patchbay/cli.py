@@ -1,0 +1,279 @@
+"""`python -m patchbay VERB`: a thin layer over the modules; each verb is one job.
+
+Exit codes: 0 done, 1 a check failed or the operation failed, 2 bad input (config,
+arguments), 3 `status` with nothing running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import ROOT
+
+DOCS_PATCHES = ROOT / "docs" / "PATCHES.md"
+
+
+class Fail(Exception):
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _series(strict: bool = True):
+    from . import series
+
+    loaded, problems = series.load()
+    if problems and strict:
+        raise Fail("\n".join(str(p) for p in problems) + "\nrun `patchbay check` for the full report")
+    return loaded
+
+
+def _lock():
+    from .upstream import Lock
+
+    return Lock.read()
+
+
+def cmd_upstream(args) -> int:
+    from . import upstream
+
+    path = upstream.ensure(_lock())
+    print(f"{path}: pristine {_lock().name} {_lock().version}, matches upstream.lock")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from . import series, upstream
+
+    lock = _lock()
+    checked, problems = series.check(series.SERIES_DIR, upstream.ensure(lock), lock.ref_tag)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem(s) in the series")
+        return 1
+    print(f"series ok: {len(checked.patches)} patches apply to {lock.name} {lock.version} with zero fuzz; "
+          f"build id pb-{checked.build_id(ROOT / 'upstream.lock')}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    from . import build
+
+    engine = build.build(None if args.pristine else _series())
+    print(f"{engine.build_id}: wheel {engine.wheel.relative_to(ROOT)}, engine {engine.site.relative_to(ROOT)}")
+    return 0
+
+
+def cmd_docs(args) -> int:
+    from .knobs import render_patches_md
+
+    text = render_patches_md(_series())
+    if args.check:
+        if not DOCS_PATCHES.is_file() or DOCS_PATCHES.read_text() != text:
+            print(f"{DOCS_PATCHES.relative_to(ROOT)} is stale; run `python -m patchbay docs`")
+            return 1
+        print(f"{DOCS_PATCHES.relative_to(ROOT)} is up to date")
+        return 0
+    DOCS_PATCHES.parent.mkdir(parents=True, exist_ok=True)
+    DOCS_PATCHES.write_text(text)
+    print(f"wrote {DOCS_PATCHES.relative_to(ROOT)}")
+    return 0
+
+
+def cmd_rebase(args) -> int:
+    from . import rebase, upstream
+
+    lock = _lock()
+    outcomes, sha = rebase.rebase(_series(), lock, upstream.ensure(lock), args.to,
+                                  sdist=Path(args.sdist) if args.sdist else None)
+    text = rebase.report(lock, args.to, sha, outcomes)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from . import synth
+
+    if args.kind != "tiny":
+        raise Fail(f"synth {args.kind}: only `tiny` is written to disk (air12 is built on a GPU in memory)", 2)
+    path = synth.write_tiny(Path(args.dir), seed=args.seed)
+    print(f"wrote synthetic:tiny (seed {args.seed}) to {path}")
+    return 0
+
+
+def cmd_dev(args) -> int:
+    from . import devtree, upstream
+
+    lock = _lock()
+    path = devtree.create(_series(), upstream.ensure(lock), lock.ref_tag, force=args.force)
+    print(f"{path}: one commit per patch on {lock.ref_tag}; edit there, then `patchbay export`")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from . import devtree
+
+    changed = devtree.export(_series(strict=False), _lock().ref_tag)
+    print("rewrote " + (", ".join(changed) if changed else "nothing (patches already match build/dev)"))
+    return 0
+
+
+# ---- serving ------------------------------------------------------------------------------
+
+
+def _config(args):
+    from . import config
+
+    try:
+        return config.load(Path(args.config) if args.config else None)
+    except config.ConfigError as e:
+        raise Fail(str(e), 2) from None
+
+
+def model_path(cfg) -> str:
+    if cfg.model == "synthetic:tiny":
+        from . import synth
+
+        return str(synth.write_tiny(ROOT / ".cache" / "models" / f"tiny-s{cfg.synth_seed}", seed=cfg.synth_seed))
+    path = Path(cfg.model).resolve()
+    if not (path / "config.json").is_file():
+        raise Fail(f"{cfg.source}: MODEL={cfg.model}: no config.json in {path}; give a local checkpoint folder", 2)
+    return str(path)
+
+
+def cmd_start(args) -> int:
+    from . import build, launch
+    from .knobs import validate_settings
+
+    cfg = _config(args)
+    series = _series()
+    errors = validate_settings(series.knobs(), cfg.knobs, cfg.source)
+    if errors:
+        raise Fail("\n".join(errors), 2)
+    current = launch.running()
+    if current:
+        raise Fail(f"already running (pid {current['pid']} on {current.get('url')}); "
+                   "run `scripts/serve.sh stop` first")
+    t0 = time.monotonic()
+    engine = build.build(series)
+    path = model_path(cfg)
+    info = launch.start(cfg, engine, path)
+    on = ", ".join(f"{k}={v}" for k, v in info["knobs"].items()) or "none"
+    print(f"serving {path} on {info['url']} (build {info['build_id']}, knobs on: {on}, pid {info['pid']}, "
+          f"ready in {time.monotonic() - t0:.0f}s)")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from . import launch
+
+    pid = launch.stop()
+    print(f"stopped pid {pid}" if pid else "not running")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from . import launch
+
+    info = launch.running()
+    if not info:
+        print("not running")
+        return 3
+    rows = [("url", info.get("url")), ("pid", info["pid"]), ("build", info.get("build_id")),
+            ("model", info.get("model")), ("config", info.get("config")),
+            ("knobs on", ", ".join(f"{k}={v}" for k, v in info.get("knobs", {}).items()) or "none"),
+            ("up", f"{int(time.time()) - info.get('started', int(time.time()))}s"),
+            ("health", launch.health(info.get("url", "")))]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from . import launch
+
+    files = launch.RunFiles()
+    if not files.log.is_file():
+        raise Fail("no log yet; start the server first")
+    print(launch.log_tail(files.log, args.lines))
+    if args.follow:
+        with files.log.open() as f:
+            f.seek(0, 2)
+            while True:
+                line = f.readline()
+                if line:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.5)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="patchbay", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def verb(name, fn, help):
+        s = sub.add_parser(name, help=help, description=help)
+        s.set_defaults(fn=fn)
+        return s
+
+    verb("upstream", cmd_upstream, "materialize and verify the pristine source in upstream/")
+    verb("check", cmd_check, "validate the series: headers, knobs, order, zero-fuzz apply")
+    b = verb("build", cmd_build, "apply the series and build the engine wheel (skipped when unchanged)")
+    b.add_argument("--wheel", action="store_true", help="(the default) build the wheel and its engine folder")
+    b.add_argument("--pristine", action="store_true", help="build upstream with no patches")
+    d = verb("docs", cmd_docs, "regenerate docs/PATCHES.md from the patch headers")
+    d.add_argument("--check", action="store_true", help="only report whether it is stale")
+    r = verb("rebase", cmd_rebase, "report how the series applies to another upstream release")
+    r.add_argument("--to", required=True, metavar="VERSION")
+    r.add_argument("--sdist", help="use this sdist instead of downloading VERSION's")
+    r.add_argument("--out", help="write the Markdown report here (default: print it)")
+    s = verb("synth", cmd_synth, "write a seeded synthetic checkpoint")
+    s.add_argument("kind", choices=["tiny", "air12"])
+    s.add_argument("dir")
+    s.add_argument("--seed", type=int, default=0)
+    dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
+    dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")
+    verb("export", cmd_export, "rewrite the patches from build/dev's commits, keeping headers")
+    for name, fn, help in (("start", cmd_start, "build what is missing and start serving; ready = a streamed token"),
+                           ("stop", cmd_stop, "stop the server"),
+                           ("status", cmd_status, "what is running: build, knobs, model, pid, health"),
+                           ("logs", cmd_logs, "show the server log")):
+        v = verb(name, fn, help)
+        v.add_argument("--config", help="config file (default: config/local.env, else config/local.env.example)")
+        if name == "logs":
+            v.add_argument("-n", "--lines", type=int, default=50)
+            v.add_argument("-f", "--follow", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .build import BuildError
+    from .devtree import SeriesError
+    from .gitutil import GitError
+    from .launch import LaunchError
+    from .upstream import UpstreamError
+
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except Fail as e:
+        print(f"patchbay {args.verb}: {e}", file=sys.stderr)
+        return e.code
+    except (UpstreamError, SeriesError, BuildError, LaunchError, GitError) as e:
+        print(f"patchbay {args.verb}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,127 @@
+"""The one settings object: read from a `.env` file, overridable from the environment.
+
+A config file holds `KEY=VALUE` lines. Plain keys are patchbay's settings (the fields of
+`Config`); `PB_*` keys are engine knobs, checked against the series' registry. In the
+environment, `PATCHBAY_<KEY>` overrides `<KEY>` from the file (a bare HOST or PORT in a
+shell is too common to trust); knobs come from the file only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from . import ROOT
+
+CONFIG_DIR = ROOT / "config"
+
+
+class ConfigError(ValueError):
+    """One line for the operator: which file, which key, what is allowed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = "synthetic:tiny"  # synthetic:tiny, or a local checkpoint folder
+    host: str = "127.0.0.1"
+    port: int = 8000
+    runtime: str = "local"  # local: a process on this machine
+    device: str = "cpu"  # passed to `transformers serve --device`
+    continuous_batching: bool = True
+    synth_seed: int = 0
+    ready_timeout: int = 600  # seconds for the first streamed token after start
+    engine_args: str = ""  # extra `transformers serve` flags, space-separated
+    knobs: dict = field(default_factory=dict)  # PB_* name -> raw value
+    source: str = "defaults"
+
+    def __post_init__(self):
+        where = self.source
+        if self.runtime not in ("local",):
+            raise ConfigError(f"{where}: RUNTIME={self.runtime} is not supported (allowed: local)")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"{where}: PORT={self.port} is out of range (allowed: 1-65535)")
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            if self.host != "localhost":
+                raise ConfigError(f"{where}: HOST={self.host} is not an IP address (e.g. 127.0.0.1)") from None
+        if self.ready_timeout < 1:
+            raise ConfigError(f"{where}: READY_TIMEOUT={self.ready_timeout} must be at least 1 (seconds)")
+        if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
+            raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
+                              "folder (an absolute path, or one starting with ./)")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def knobs_on(self) -> dict:
+        return dict(sorted(self.knobs.items()))
+
+
+_SETTINGS = {f.name.upper(): f for f in fields(Config) if f.name not in ("knobs", "source")}
+
+
+def _convert(key: str, raw: str, where: str):
+    kind = _SETTINGS[key].type
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{where}: {key}={raw} is not an integer") from None
+    if kind == "bool":
+        if raw not in ("0", "1"):
+            raise ConfigError(f"{where}: {key}={raw} is not a valid value (allowed: 0, 1)")
+        return raw == "1"
+    return raw
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file; copy config/local.env.example to start from") from None
+    values: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, eq, value = stripped.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or " " in key:
+            raise ConfigError(f"{path}:{n}: expected KEY=VALUE, got {stripped[:60]!r}")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if key in values:
+            raise ConfigError(f"{path}:{n}: {key} is set twice")
+        values[key] = value
+    return values
+
+
+def default_path() -> Path:
+    local = CONFIG_DIR / "local.env"
+    return local if local.is_file() else CONFIG_DIR / "local.env.example"
+
+
+def load(path: Path | None = None, environ: dict | None = None) -> Config:
+    path = Path(path) if path else default_path()
+    environ = os.environ if environ is None else environ
+    raw = parse_env_file(path)
+    where = str(path.relative_to(ROOT)) if ROOT in path.resolve().parents else str(path)
+    kwargs: dict = {}
+    knobs: dict[str, str] = {}
+    for key, value in raw.items():
+        if key.startswith("PB_"):
+            knobs[key] = value
+        elif key in _SETTINGS:
+            kwargs[_SETTINGS[key].name] = _convert(key, value, where)
+        else:
+            allowed = ", ".join(sorted(_SETTINGS))
+            raise ConfigError(f"{where}: unknown setting {key} (allowed: {allowed}, and PB_* knobs)")
+    for key in _SETTINGS:
+        override = environ.get(f"PATCHBAY_{key}")
+        if override is not None:
+            kwargs[_SETTINGS[key].name] = _convert(key, override, f"environment PATCHBAY_{key}")
+    return Config(**kwargs, knobs=knobs, source=where)

@@ -1,0 +1,148 @@
+"""Exactness checks between two engines (e.g. every knob unset vs pristine upstream).
+
+Two views, both compared byte for byte:
+- `probe`: run inside one engine (`python -m patchbay.exact probe MODEL`, the engine's
+  build first on PYTHONPATH): greedy token ids and a sha256 of the logits for each of the
+  exactness prompts, through `generate` and through continuous batching.
+- `http_transcript`: the same fixed requests sent to a live server; responses are kept
+  whole, with only the per-request id and timestamps blanked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import httpx
+
+# Eight prompts of different shapes: code, prose, JSON, a long-ish instruction, tool use.
+EXACTNESS_PROMPTS = [
+    [{"role": "user", "content": "Write a Python function that reverses a string."}],
+    [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}],
+    [{"role": "user", "content": 'Return {"name": "Ada", "born": 1815} as YAML.'}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count from 1 to 10."}],
+    [{"role": "user", "content": "SELECT name FROM users WHERE id = 42; explain this query."}],
+    [{"role": "user", "content": "Fix the bug: def add(a, b): return a - b"}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
+     {"role": "user", "content": "What did I just say?"}],
+    [{"role": "user", "content": " ".join(f"item{i}" for i in range(60)) + " — summarize the list."}],
+]
+NEW_TOKENS = 16
+
+
+def probe(model_dir: str) -> dict:
+    """Greedy ids and logits hashes for every exactness prompt, from the engine on sys.path."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    greedy = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=model.generation_config.eos_token_id)
+    prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for m in EXACTNESS_PROMPTS]
+    out = {"engine": transformers.__file__, "generate": [], "batch": []}
+    with torch.inference_mode():
+        for ids in prompts:
+            result = model.generate(torch.tensor([ids]), generation_config=greedy, output_logits=True,
+                                    return_dict_in_generate=True)
+            logits = torch.stack(result.logits).to(torch.float32).contiguous()
+            out["generate"].append({"ids": result.sequences[0, len(ids):].tolist(),
+                                    "logits_sha256": hashlib.sha256(logits.numpy().tobytes()).hexdigest()})
+    # Continuous batching manages its own inference mode; it refuses to run inside one.
+    batch = model.generate_batch(inputs=prompts, generation_config=greedy, progress_bar=False)
+    for key in sorted(batch, key=lambda k: int(str(k).rsplit("_", 1)[-1])):
+        out["batch"].append({"ids": list(batch[key].generated_tokens)})
+    return out
+
+
+def probe_engine(engine_env: dict[str, str], model_dir: str) -> dict:
+    """Run `probe` in a fresh interpreter whose transformers is the given engine."""
+    proc = subprocess.run([sys.executable, "-m", "patchbay.exact", "probe", model_dir], env=engine_env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _blank(value):
+    """Drop what differs between any two runs: ids and timestamps."""
+    if isinstance(value, dict):
+        return {k: ("*" if k in ("id", "created") else _blank(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blank(v) for v in value]
+    return value
+
+
+def _body(r: httpx.Response):
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        events = []
+        for line in r.text.splitlines():
+            if line.startswith("data: "):
+                data = line[6:]
+                try:
+                    events.append(_blank(json.loads(data)))
+                except json.JSONDecodeError:
+                    events.append(data)
+        return {"sse": events}
+    try:
+        return _blank(r.json())
+    except ValueError:
+        return r.text
+
+
+def transcript_requests(model: str) -> list[tuple[str, str, dict | None]]:
+    """The fixed requests of an HTTP transcript: normal use first, client mistakes last."""
+    reqs: list[tuple[str, str, dict | None]] = [("GET", "/health", None)]
+    for messages in EXACTNESS_PROMPTS:
+        reqs.append(("POST", "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 12}))
+    for messages in EXACTNESS_PROMPTS[:3]:
+        reqs.append(("POST", "/v1/chat/completions",
+                     {"model": model, "messages": messages, "max_tokens": 8, "stream": True}))
+    reqs += [
+        ("POST", "/v1/completions", {"model": model, "prompt": "def fibonacci(n):", "max_tokens": 10}),
+        ("POST", "/v1/completions", {"model": model, "prompt": "import os\n", "max_tokens": 6, "stream": True}),
+        ("POST", "/v1/completions", {"model": model, "prompt": [1, 2, 3], "max_tokens": 4}),
+        ("POST", "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}],
+                                          "max_tokens": 4, "not_a_field": 1}),
+        ("POST", "/v1/chat/completions", {"model": "some/other-model", "messages": [], "max_tokens": 4}),
+        ("POST", "/tokenize", {"prompt": "hello"}),
+        ("GET", "/v1/models", None),
+    ]
+    return reqs
+
+
+def http_transcript(url: str, model: str, timeout: float = 300.0) -> list[dict]:
+    out = []
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        for method, path, body in transcript_requests(model):
+            r = client.request(method, path, json=body)
+            out.append({"request": f"{method} {path} {json.dumps(body)[:80] if body else ''}".strip(),
+                        "status": r.status_code, "body": _body(r)})
+    return out
+
+
+def differences(a: list[dict], b: list[dict]) -> list[str]:
+    """One line per request whose status or body differs."""
+    diffs = []
+    for x, y in zip(a, b, strict=True):
+        if x != y:
+            diffs.append(f"{x['request']}: {x['status']} {json.dumps(x['body'])[:160]} != "
+                         f"{y['status']} {json.dumps(y['body'])[:160]}")
+    return diffs
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "probe":
+        print(json.dumps(probe(argv[1])))
+        return 0
+    print("usage: python -m patchbay.exact probe MODEL_DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

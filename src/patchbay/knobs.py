@@ -1,0 +1,175 @@
+"""Knob declarations: parsed from patch headers, validated, turned into the engine registry.
+
+A patch header declares its knob on one line:
+
+    Knob: PB_SSE_DONE type=bool default=0
+    Knob: PB_PREFILL_CHUNK type=int min=0 max=65536 default=0
+    Knob: PB_REASONING_FIELD type=enum values=upstream,reasoning,both default=upstream
+    Knob: PB_TRACE type=list values=sched,kv,sampler default=
+
+The default is always the value that means "upstream behaviour". The engine reads the
+registry generated from these lines (`registry_json`), so the header is the only place
+a knob is declared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+TYPES = ("bool", "int", "enum", "list")
+NAME_RE = re.compile(r"^PB_[A-Z0-9_]+$")
+
+
+class KnobError(ValueError):
+    """A knob declaration or value that cannot be accepted, worded for the operator."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    default: str
+    values: tuple[str, ...] = ()
+    min: int | None = None
+    max: int | None = None
+    per_request: bool = False
+    patch: str = ""
+    description: str = field(default="", compare=False)
+
+    def allowed(self) -> str:
+        if self.type == "bool":
+            return "0, 1"
+        if self.type == "int":
+            return f"an integer from {self.min} to {self.max}"
+        if self.type == "enum":
+            return ", ".join(self.values)
+        return "a comma-separated subset of " + ", ".join(self.values) + " (or empty)"
+
+    def parse(self, raw: str):
+        """The typed value of raw, or KnobError naming the knob and what is allowed."""
+        text = str(raw).strip()
+        bad = KnobError(f"{self.name}={raw} is not a valid value (allowed: {self.allowed()})")
+        if self.type == "bool":
+            if text not in ("0", "1"):
+                raise bad
+            return text == "1"
+        if self.type == "int":
+            if not re.fullmatch(r"-?\d+", text):
+                raise bad
+            value = int(text)
+            if not (self.min <= value <= self.max):
+                raise bad
+            return value
+        if self.type == "enum":
+            if text not in self.values:
+                raise bad
+            return text
+        items = tuple(i.strip() for i in text.split(",") if i.strip())
+        if any(i not in self.values for i in items):
+            raise bad
+        return items
+
+
+def parse_declaration(text: str, *, per_request: bool = False, patch: str = "",
+                      description: str = "") -> Knob | None:
+    """Parse the value of a `Knob:` header field. `none` declares no knob."""
+    text = text.strip()
+    if text.lower() == "none":
+        return None
+    name, _, rest = text.partition(" ")
+    if not NAME_RE.match(name):
+        raise KnobError(f"knob name {name!r} must look like PB_UPPER_CASE")
+    attrs: dict[str, str] = {}
+    for token in rest.split():
+        key, eq, value = token.partition("=")
+        if not eq:
+            raise KnobError(f"{name}: {token!r} is not key=value")
+        if key not in ("type", "default", "values", "min", "max"):
+            raise KnobError(f"{name}: unknown attribute {key!r} (allowed: type, default, values, min, max)")
+        if key in attrs:
+            raise KnobError(f"{name}: {key} given twice")
+        attrs[key] = value
+    kind = attrs.get("type")
+    if kind not in TYPES:
+        raise KnobError(f"{name}: type={kind} is not a knob type (allowed: {', '.join(TYPES)})")
+    if "default" not in attrs:
+        raise KnobError(f"{name}: default= is required (the value that means upstream behaviour)")
+    values = tuple(v for v in attrs.get("values", "").split(",") if v)
+    lo = hi = None
+    if kind in ("enum", "list") and not values:
+        raise KnobError(f"{name}: type={kind} needs values=a,b,...")
+    if kind not in ("enum", "list") and "values" in attrs:
+        raise KnobError(f"{name}: values= only applies to enum and list knobs")
+    if kind == "int":
+        try:
+            lo, hi = int(attrs["min"]), int(attrs["max"])
+        except (KeyError, ValueError):
+            raise KnobError(f"{name}: type=int needs integer min= and max=") from None
+        if lo > hi:
+            raise KnobError(f"{name}: min {lo} is above max {hi}")
+    elif "min" in attrs or "max" in attrs:
+        raise KnobError(f"{name}: min=/max= only apply to int knobs")
+    knob = Knob(name=name, type=kind, default=attrs["default"], values=values, min=lo, max=hi,
+                per_request=per_request, patch=patch, description=description)
+    knob.parse(knob.default)  # the default itself must be a valid value
+    if kind == "bool" and knob.default != "0":
+        raise KnobError(f"{name}: a bool knob's default must be 0 (off = upstream)")
+    return knob
+
+
+def registry_json(knobs: list[Knob]) -> str:
+    """The registry the engine's knob runtime reads, generated from the headers."""
+    entries = {}
+    for k in knobs:
+        entry = {"type": k.type, "default": k.default, "per_request": k.per_request, "patch": k.patch}
+        if k.values:
+            entry["values"] = list(k.values)
+        if k.type == "int":
+            entry["min"], entry["max"] = k.min, k.max
+        entries[k.name] = entry
+    return json.dumps({"knobs": entries}, indent=2, sort_keys=True) + "\n"
+
+
+def validate_settings(knobs: list[Knob], settings: dict[str, str], source: str) -> list[str]:
+    """Errors for PB_* settings that name no knob or carry a bad value (empty list: all good)."""
+    by_name = {k.name: k for k in knobs}
+    errors = []
+    for name, raw in sorted(settings.items()):
+        if not name.startswith("PB_"):
+            continue
+        knob = by_name.get(name)
+        if knob is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            errors.append(f"{source}: {name} is not a knob of this series (known: {known})")
+            continue
+        try:
+            knob.parse(raw)
+        except KnobError as e:
+            errors.append(f"{source}: {e}")
+    return errors
+
+
+def render_patches_md(series) -> str:
+    """docs/PATCHES.md, generated from the patch headers (`patchbay docs`)."""
+    out = ["# Patches", "",
+           "Generated from the patch headers by `patchbay docs`; edit the headers, not this file.", "",
+           "| # | patch | knob | allowed (default) | per request | status | exactness | gain |",
+           "|---|---|---|---|---|---|---|---|"]
+    for p in series.patches:
+        f, k = p.fields, p.knob
+        knob = f"`{k.name}`" if k else "—"
+        allowed = f"{k.allowed()} (`{k.default or '(empty)'}`)" if k else "—"
+        out.append(f"| {p.number:04d} | [{p.slug}](#{p.name}) | {knob} | {allowed} | {f.get('Per-Request')} "
+                   f"| {f.get('Status')} | {f.get('Exactness')} | {f.get('Gain')} |")
+    for p in series.patches:
+        f = p.fields
+        title, _, body = f.get("Description", "").partition("\n")
+        out += ["", f'<a id="{p.name}"></a>', f"## {p.name}", "", f"**{title}**", ""]
+        if body.strip():
+            out += [body.strip(), ""]
+        out += [f"- Knob: `{f.get('Knob')}`", f"- Depends: {', '.join(p.depends) or 'none'}",
+                f"- Upstream-Status: {f.get('Upstream-Status')}", f"- Last-Update: {f.get('Last-Update')}",
+                "- Files: " + ", ".join(f"`{name}`" for name in p.files())]
+    return "\n".join(out) + "\n"

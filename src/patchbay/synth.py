@@ -1,0 +1,303 @@
+"""Synthetic checkpoints: a seeded tiny glm4_moe for tests, and GLM-4.5-Air shapes for benchmarks.
+
+Nothing here downloads anything. The tokenizer is trained on Python standard-library sources that
+every interpreter ships, so a checkpoint can be rebuilt anywhere from its seed alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, Glm4MoeConfig, Glm4MoeForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+# Order matters: ids are assigned in this order, after the BPE vocabulary (as GLM does).
+SPECIAL_TOKENS = (
+    "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>", "<|endoftext|>",
+)  # fmt: skip
+EOS = "<|endoftext|>"
+# GLM stops a reply at end of text, or when the model starts the next user or tool turn.
+STOP_TOKENS = (EOS, "<|user|>", "<|observation|>")
+VOCAB_SIZE = 4000
+MARKER = "patchbay-synth.json"
+TINY = "synthetic:tiny"
+
+# Plain-Python modules present in every CPython 3.x install and rarely rewritten. A different
+# interpreter may still ship different text; corpus_sha256 in the marker makes that visible.
+CORPUS_FILES = tuple(sorted((
+    "argparse.py", "base64.py", "bisect.py", "calendar.py", "contextlib.py", "copy.py", "csv.py",
+    "dataclasses.py", "difflib.py", "enum.py", "fnmatch.py", "fractions.py", "functools.py",
+    "gettext.py", "glob.py", "heapq.py", "json/__init__.py", "json/decoder.py", "json/encoder.py",
+    "operator.py", "pprint.py", "queue.py", "random.py", "sched.py", "shlex.py", "stat.py",
+    "statistics.py", "string.py", "tempfile.py", "textwrap.py", "timeit.py", "tokenize.py",
+    "weakref.py",
+)))  # fmt: skip
+
+# GLM-4.5 chat format. Turns follow each other with no separator and each role tag is followed by a
+# newline. transformers renders templates with trim_blocks and lstrip_blocks, which eat newlines
+# next to tags, so every newline that matters is written inside a string. `text` takes a string, a
+# list of {"type": "text"} parts, or None (renders as empty).
+CHAT_TEMPLATE = r"""{#- patchbay's GLM-4.5-style chat template -#}
+{%- macro text(c) -%}
+  {%- if c is string -%}{{ c }}
+  {%- elif c is iterable and c is not mapping -%}
+    {%- for part in c if part.type == 'text' -%}{{ part.text }}{%- endfor -%}
+  {%- endif -%}
+{%- endmacro -%}
+{%- macro value(v) -%}{{ v if v is string else v | tojson }}{%- endmacro -%}
+
+{{- '[gMASK]<sop>' -}}
+{%- if tools -%}
+  {{- '<|system|>\n# Tools\n\n'
+      ~ 'You can call the functions below to help answer the user. '
+      ~ 'Their JSON descriptions, one per line:\n<tools>\n' -}}
+  {%- for tool in tools -%}{{ tool | tojson ~ '\n' }}{%- endfor -%}
+  {{- '</tools>\n\n'
+      ~ 'To call a function, write one block per call, with one key and value pair per argument:\n'
+      ~ '<tool_call>FUNCTION NAME\n<arg_key>ARGUMENT NAME</arg_key>\n'
+      ~ '<arg_value>ARGUMENT VALUE</arg_value>\n</tool_call>\n'
+      ~ 'Write string values as they are and any other value as JSON.' -}}
+{%- endif -%}
+
+{%- for m in messages -%}
+  {%- if m.role == 'system' or m.role == 'user' -%}
+    {{- '<|' ~ m.role ~ '|>\n' ~ text(m.content) -}}
+  {%- elif m.role == 'assistant' -%}
+    {{- '<|assistant|>\n' -}}
+    {%- if m.reasoning_content -%}{{ '<think>' ~ m.reasoning_content ~ '</think>\n' }}{%- endif -%}
+    {%- set body = text(m.content) -%}
+    {{- body -}}
+    {%- for call in m.tool_calls or [] -%}
+      {%- set f = call.function if call.function is defined else call -%}
+      {{- '\n' if body or not loop.first else '' -}}
+      {{- '<tool_call>' ~ f.name ~ '\n' -}}
+      {%- if f.arguments is mapping -%}
+        {%- for k, v in f.arguments.items() -%}
+          {{- '<arg_key>' ~ k ~ '</arg_key>\n<arg_value>' ~ value(v) ~ '</arg_value>\n' -}}
+        {%- endfor -%}
+      {%- elif f.arguments -%}{{ f.arguments ~ '\n' }}{#- a JSON string: passed through -#}
+      {%- endif -%}
+      {{- '</tool_call>' -}}
+    {%- endfor -%}
+  {%- elif m.role == 'tool' -%}
+    {#- consecutive tool results share one observation turn -#}
+    {%- if loop.first or loop.previtem.role != 'tool' -%}{{ '<|observation|>' }}{%- endif -%}
+    {{- '\n<tool_response>' ~ text(m.content) ~ '</tool_response>' -}}
+  {%- endif -%}
+{%- endfor -%}
+
+{%- if add_generation_prompt -%}
+  {{- '<|assistant|>' -}}
+  {%- if enable_thinking is defined and not enable_thinking -%}{{ '\n<think></think>' }}{%- endif -%}
+{%- endif -%}
+"""
+
+
+def corpus_texts() -> tuple[list[str], str]:
+    """The training texts in a fixed order, and a sha256 over their names and contents."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    digest = hashlib.sha256()
+    texts = []
+    for name in CORPUS_FILES:
+        data = (root / name).read_bytes()
+        digest.update(name.encode() + b"\0" + data + b"\0")
+        texts.append(data.decode("utf-8"))
+    return texts, digest.hexdigest()
+
+
+def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on the stdlib corpus, with the GLM special tokens and chat template.
+
+    BPE training has no randomness, so `seed` changes nothing; it is accepted so every builder
+    here takes the same arguments.
+    """
+    del seed
+    texts, _ = corpus_texts()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodes, nothing is <unk>
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer, length=len(texts))
+    bpe.add_special_tokens(list(SPECIAL_TOKENS))  # ids follow the BPE vocabulary, in this order
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=EOS,
+        pad_token=EOS,
+        extra_special_tokens=[t for t in SPECIAL_TOKENS if t != EOS],
+        clean_up_tokenization_spaces=False,  # decode must give back the exact text
+        model_max_length=512,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def stop_ids(tok: PreTrainedTokenizerFast) -> list[int]:
+    return tok.convert_tokens_to_ids(list(STOP_TOKENS))
+
+
+def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None = None) -> Glm4MoeConfig:
+    """Every glm4_moe feature the engine meets in GLM-4.5 (dense first layer, shared and routed
+    experts, GQA, partial rotary), shrunk until it generates in milliseconds per token on a CPU.
+
+    `stop` and `pad` default to the ids `build_tokenizer` assigns (the specials sit at the end).
+    """
+    specials = {t: vocab_size - len(SPECIAL_TOKENS) + i for i, t in enumerate(SPECIAL_TOKENS)}
+    stop = list(stop) if stop is not None else [specials[t] for t in STOP_TOKENS]
+    return Glm4MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=32,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=512,
+        attention_bias=True,  # as in GLM-4.5, so loaders and TP plans meet q/k/v biases
+        # The default init (std 0.02) already gives varied, prompt-dependent greedy text here
+        # (logit top-1 margins ~0.04, far above float noise); tests/test_synth.py checks it.
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        num_mtp_layers=0,  # no MTP weights are written, so none may be looked for
+        eos_token_id=stop,
+        pad_token_id=specials[EOS] if pad is None else pad,
+        dtype="float32",
+    )
+
+
+def air12_config() -> Glm4MoeConfig:
+    """GLM-4.5-Air layer shapes cut to 12 layers: 27.24 B parameters (3.78 B active per token).
+
+    Open choices, taken from GLM-4.5-Air itself: untied lm_head (its 0.62 B count towards the
+    27.24 B; tied would give 26.62 B), q/k/v biases, no q/k norm, rope_theta 1e6.
+    """
+    return Glm4MoeConfig(
+        vocab_size=151552,
+        hidden_size=4096,
+        num_hidden_layers=12,
+        first_k_dense_replace=1,
+        intermediate_size=10944,
+        num_attention_heads=96,
+        num_key_value_heads=8,
+        head_dim=128,
+        n_routed_experts=128,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        moe_intermediate_size=1408,
+        partial_rotary_factor=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        max_position_embeddings=131072,
+        attention_bias=True,
+        use_qk_norm=False,
+        tie_word_embeddings=False,
+        num_mtp_layers=0,
+        eos_token_id=[151329, 151336, 151338],  # GLM-4.5's <|endoftext|> <|user|> <|observation|>
+        pad_token_id=151329,
+        dtype="bfloat16",
+    )
+
+
+def count_params(config: Glm4MoeConfig) -> int:
+    """Parameters of the model `config` describes, counted without allocating any."""
+    with torch.device("meta"):
+        model = Glm4MoeForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_air12(device: str | torch.device = "cuda", seed: int = 0) -> Glm4MoeForCausalLM:
+    """The air12 benchmark model, initialised in bf16 straight on `device` (54 GB, no files).
+
+    torch.manual_seed seeds the device's generator too, and each tensor is allocated and filled
+    in place on the device, one at a time (the largest, an MoE layer's gate_up_proj, is 3 GB), so
+    the host never holds a weight and the same seed gives the same model. On an H200 it builds in
+    about a second.
+    """
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Glm4MoeForCausalLM._from_config(air12_config(), dtype=torch.bfloat16)
+    return model.eval()
+
+
+def _marker(seed: int, corpus_sha256: str, params: int) -> dict:
+    return {"model": TINY, "seed": seed, "corpus_sha256": corpus_sha256, "params": params}
+
+
+def read_marker(path: Path) -> dict | None:
+    """The synth marker in checkpoint dir `path`, or None if it is not a synth checkpoint."""
+    try:
+        marker = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("model") == TINY else None
+
+
+def _save_tiny(out: Path, seed: int) -> None:
+    tok = build_tokenizer(seed)
+    stop = stop_ids(tok)
+    config = tiny_config(len(tok), stop=stop, pad=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = Glm4MoeForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=stop, pad_token_id=tok.pad_token_id
+    )
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard write needs no progress bar
+    try:
+        # Writes GLM's on-disk layout (one tensor per expert), sorted, with fixed metadata.
+        model.save_pretrained(out)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    tok.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    marker = _marker(seed, corpus_texts()[1], params)
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def write_tiny(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """Write the `synthetic:tiny` checkpoint for `seed` into `out_dir` and return its path.
+
+    An existing checkpoint for the same seed and corpus is returned as is. A synth checkpoint of
+    another seed is replaced. Any other non-empty directory is refused: it may hold user files.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: exists and is not a directory; pass a new or empty directory")
+    marker = read_marker(out)
+    if out.is_dir() and any(out.iterdir()) and marker is None:
+        raise ValueError(
+            f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
+            f"(no {MARKER}); pass a new or empty directory"
+        )
+    if marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]:
+        return out
+    # Build next to the target, then move files in with the marker last: an interrupted write
+    # leaves no marker, so it can never be mistaken for a finished checkpoint.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        _save_tiny(Path(tmp), seed)
+        out.mkdir(exist_ok=True)
+        (out / MARKER).unlink(missing_ok=True)
+        for name in sorted(os.listdir(tmp), key=lambda n: n == MARKER):
+            os.chmod(Path(tmp) / name, 0o644)  # safetensors writes 0600; a server may run as another user
+            os.replace(Path(tmp) / name, out / name)
+    return out
