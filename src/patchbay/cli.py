@@ -102,10 +102,10 @@ def cmd_rebase(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from . import synth
-
     if args.kind != "tiny":
         raise Fail(f"synth {args.kind}: only `tiny` is written to disk (air12 is built on a GPU in memory)", 2)
+    from . import synth
+
     path = synth.write_tiny(Path(args.dir), seed=args.seed)
     print(f"wrote synthetic:tiny (seed {args.seed}) to {path}")
     return 0
@@ -160,14 +160,15 @@ def cmd_start(args) -> int:
     errors = validate_settings(series.knobs(), cfg.knobs, cfg.source)
     if errors:
         raise Fail("\n".join(errors), 2)
-    current = launch.running()
+    files = launch.RunFiles(cfg.run_path)
+    current = launch.running(files)
     if current:
         raise Fail(f"already running (pid {current['pid']} on {current.get('url')}); "
                    "run `scripts/serve.sh stop` first")
     t0 = time.monotonic()
     engine = build.build(series)
     path = model_path(cfg)
-    info = launch.start(cfg, engine, path)
+    info = launch.start(cfg, engine, path, files)
     on = ", ".join(f"{k}={v}" for k, v in info["knobs"].items()) or "none"
     print(f"serving {path} on {info['url']} (build {info['build_id']}, knobs on: {on}, pid {info['pid']}, "
           f"ready in {time.monotonic() - t0:.0f}s)")
@@ -177,7 +178,7 @@ def cmd_start(args) -> int:
 def cmd_stop(args) -> int:
     from . import launch
 
-    pid = launch.stop()
+    pid = launch.stop(launch.RunFiles(_config(args).run_path))
     print(f"stopped pid {pid}" if pid else "not running")
     return 0
 
@@ -185,7 +186,7 @@ def cmd_stop(args) -> int:
 def cmd_status(args) -> int:
     from . import launch
 
-    info = launch.running()
+    info = launch.running(launch.RunFiles(_config(args).run_path))
     if not info:
         print("not running")
         return 3
@@ -203,7 +204,7 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     from . import launch
 
-    files = launch.RunFiles()
+    files = launch.RunFiles(_config(args).run_path)
     if not files.log.is_file():
         raise Fail("no log yet; start the server first")
     print(launch.log_tail(files.log, args.lines))

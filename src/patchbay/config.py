@@ -33,6 +33,7 @@ class Config:
     synth_seed: int = 0
     ready_timeout: int = 600  # seconds for the first streamed token after start
     engine_args: str = ""  # extra `transformers serve` flags, space-separated
+    run_dir: str = ".run"  # pid, log and state of the running server (relative to the repo)
     knobs: dict = field(default_factory=dict)  # PB_* name -> raw value
     source: str = "defaults"
 
@@ -52,6 +53,10 @@ class Config:
         if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
             raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
                               "folder (an absolute path, or one starting with ./)")
+
+    @property
+    def run_path(self) -> Path:
+        return ROOT / self.run_dir
 
     @property
     def url(self) -> str:
@@ -109,7 +114,8 @@ def load(path: Path | None = None, environ: dict | None = None) -> Config:
     path = Path(path) if path else default_path()
     environ = os.environ if environ is None else environ
     raw = parse_env_file(path)
-    where = str(path.relative_to(ROOT)) if ROOT in path.resolve().parents else str(path)
+    # resolve() first: a relative --config path is relative to the cwd, not to ROOT.
+    where = str(path.resolve().relative_to(ROOT)) if ROOT in path.resolve().parents else str(path)
     kwargs: dict = {}
     knobs: dict[str, str] = {}
     for key, value in raw.items():
@@ -120,8 +126,16 @@ def load(path: Path | None = None, environ: dict | None = None) -> Config:
         else:
             allowed = ", ".join(sorted(_SETTINGS))
             raise ConfigError(f"{where}: unknown setting {key} (allowed: {allowed}, and PB_* knobs)")
+    overridden = []
     for key in _SETTINGS:
         override = environ.get(f"PATCHBAY_{key}")
         if override is not None:
             kwargs[_SETTINGS[key].name] = _convert(key, override, f"environment PATCHBAY_{key}")
-    return Config(**kwargs, knobs=knobs, source=where)
+            overridden.append(f"PATCHBAY_{key}")
+    try:
+        return Config(**kwargs, knobs=knobs, source=where)
+    except ConfigError as e:
+        if not overridden:
+            raise
+        # The bad value may come from the environment, not the file the message names.
+        raise ConfigError(f"{e} (with {', '.join(overridden)} from the environment)") from None

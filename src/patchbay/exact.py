@@ -126,13 +126,39 @@ def http_transcript(url: str, model: str, timeout: float = 300.0) -> list[dict]:
     return out
 
 
+def first_difference(a, b, path: str = "") -> str | None:
+    """Where two JSON-like values first differ, as `path: a != b` (None when equal)."""
+    if type(a) is type(b) and isinstance(a, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return f"{path}.{key}: {'missing' if key not in a else 'present'} != " \
+                       f"{'missing' if key not in b else 'present'}"
+            found = first_difference(a[key], b[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if type(a) is type(b) and isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        if len(a) != len(b):
+            extra = a[len(b)] if len(a) > len(b) else b[len(a)]
+            return f"{path}: length {len(a)} != {len(b)} (first extra item: {json.dumps(extra)[:80]})"
+        return None
+    if a != b:
+        return f"{path or '.'}: {json.dumps(a)[:80]} != {json.dumps(b)[:80]}"
+    return None
+
+
 def differences(a: list[dict], b: list[dict]) -> list[str]:
-    """One line per request whose status or body differs."""
+    """One line per request whose status or body differs, naming where it first differs."""
     diffs = []
     for x, y in zip(a, b, strict=True):
-        if x != y:
-            diffs.append(f"{x['request']}: {x['status']} {json.dumps(x['body'])[:160]} != "
-                         f"{y['status']} {json.dumps(y['body'])[:160]}")
+        found = first_difference({"status": x["status"], "body": x["body"]},
+                                 {"status": y["status"], "body": y["body"]})
+        if found:
+            diffs.append(f"{x['request']}: {found}")
     return diffs
 
 

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from . import ROOT
 from .build import Engine
 from .config import Config
 
-RUN_DIR = ROOT / ".run"
 
 
 class LaunchError(RuntimeError):
@@ -31,7 +29,7 @@ class LaunchError(RuntimeError):
 
 @dataclass(frozen=True)
 class RunFiles:
-    dir: Path = RUN_DIR
+    dir: Path
 
     @property
     def pid(self) -> Path:
@@ -58,7 +56,7 @@ def _alive(pid: int) -> bool:
     return not (stat.is_file() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-def running(files: RunFiles = RunFiles()) -> dict | None:
+def running(files: RunFiles) -> dict | None:
     """What was started, if its process is still alive; a stale pid file is removed."""
     if not files.pid.is_file():
         return None
@@ -129,7 +127,7 @@ def first_streamed_token(url: str, model: str, timeout: float = 10.0) -> bool:
     return False
 
 
-def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles = RunFiles(), progress=print) -> dict:
+def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progress=print) -> dict:
     current = running(files)
     if current:
         raise LaunchError(f"already running (pid {current['pid']} on {current.get('url')}); "
@@ -161,7 +159,7 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles = RunFil
                       f"stopped; last log lines:\n{log_tail(files.log)}")
 
 
-def stop(files: RunFiles = RunFiles(), grace: float = 15.0) -> int | None:
+def stop(files: RunFiles, grace: float = 15.0) -> int | None:
     """Stop the engine's whole process group. Returns the pid stopped, None if none ran."""
     current = running(files)
     if not current:

@@ -6,6 +6,7 @@ starts with a DEP-3 style header, a line `---`, then a `git diff` against upstre
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import re
 import shutil
@@ -139,12 +140,22 @@ def _check_fields(fields: dict[str, str]) -> list[str]:
         elif word == "Inappropriate" and not re.search(r"\[.+\]", up):
             errors.append("Upstream-Status Inappropriate needs a reason in [brackets]")
     date = fields.get("Last-Update")
-    if date is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+    if date is not None and not _is_date(date):
         errors.append(f"Last-Update {date!r} must be YYYY-MM-DD")
     for name in ("Description", "Gain"):
         if name in fields and not fields[name].strip():
             errors.append(f"header field {name} is empty")
     return errors
+
+
+def _is_date(text: str) -> bool:
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        return False
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:  # 2026-13-45 has the shape of a date but is none
+        return False
+    return True
 
 
 def read_series_list(series_dir: Path) -> tuple[list[str], list[Problem]]:
@@ -193,15 +204,17 @@ def load(series_dir: Path = SERIES_DIR) -> tuple[Series, list[Problem]]:
             errors.append("no diff after the `---` line that ends the header")
         knob = None
         if "Knob" in fields:
+            declared = True  # False when the declaration itself is broken (reported as such)
             try:
                 knob = parse_declaration(fields["Knob"], per_request=fields.get("Per-Request") == "yes",
                                          patch=path.stem, description=fields.get("Description", ""))
             except KnobError as e:
                 errors.append(f"Knob: {e}")
-            if knob is None and fields.get("Status") not in (None, "infrastructure") and not errors:
+                declared = False
+            if knob is None and declared and fields.get("Status") not in (None, "infrastructure"):
                 errors.append("only an infrastructure patch may have `Knob: none`; "
                               "every behaviour change needs its own knob")
-            if knob is None and fields.get("Per-Request") == "yes":
+            if knob is None and declared and fields.get("Per-Request") == "yes":
                 errors.append("Per-Request: yes needs a knob")
         if knob is not None:
             if knob.name in seen_knobs:

@@ -7,6 +7,7 @@ committed with a fixed identity, then tagged with the lock's reference tag.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import subprocess
@@ -51,13 +52,14 @@ class Lock:
         unknown = set(data) - fields
         if unknown:
             raise UpstreamError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(fields)})")
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise UpstreamError(f"{path}: {e}") from None
-
-    def digest_input(self, path: Path = LOCK_PATH) -> bytes:
-        return path.read_bytes()
+        missing = sorted(f for f, spec in cls.__dataclass_fields__.items()
+                         if f not in data and spec.default is dataclasses.MISSING)
+        if missing:
+            raise UpstreamError(f"{path}: missing keys {missing}")
+        not_text = sorted(k for k, v in data.items() if not isinstance(v, str))
+        if not_text:  # version = 5.23 would parse as a float and name another release
+            raise UpstreamError(f"{path}: {', '.join(not_text)} must be quoted strings")
+        return cls(**data)
 
 
 def sha256_file(path: Path) -> str:

@@ -1,0 +1,97 @@
+"""Shared fixtures for the engine tier: built engines, the tiny model, live servers.
+
+Servers are started through patchbay's own launcher (ready = a streamed token) on free
+loopback ports, each with its own run folder, and stopped when their scope ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from patchbay import ROOT, build, config, launch, series
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def empty_hf_home(tmp_path_factory):
+    # Engines must not see whatever Hugging Face cache this machine happens to have.
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf-home"))
+
+
+@pytest.fixture(scope="session")
+def real_series() -> series.Series:
+    loaded, problems = series.load()
+    assert not problems, problems
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def patched_engine(real_series) -> build.Engine:
+    return build.build(real_series, progress=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def pristine_engine() -> build.Engine:
+    return build.build(None, progress=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    from patchbay import synth  # torch and transformers: only for the tests that need a model
+
+    return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
+
+
+class Server:
+    def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path):
+        self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir))
+        self.files = launch.RunFiles(run_dir)
+        self.model = model
+        self.engine = engine
+        self.info = launch.start(self.cfg, engine, model, self.files, progress=lambda *_: None)
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    def stop(self) -> None:
+        launch.stop(self.files)
+
+
+# The embedded default config and its knob set: what `scripts/serve.sh start` serves.
+LOCAL = config.load(config.CONFIG_DIR / "local.env.example", environ={})
+ALL_ON = LOCAL.knobs
+
+
+@pytest.fixture(scope="session")
+def server_on(patched_engine, tiny_model, tmp_path_factory):
+    """The patched engine with every adopted knob on (the local default config's set)."""
+    server = Server(patched_engine, tiny_model, ALL_ON, tmp_path_factory.mktemp("run-on"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_off(patched_engine, tiny_model, tmp_path_factory):
+    """The patched engine with every knob unset: must serve exactly what upstream serves."""
+    server = Server(patched_engine, tiny_model, {}, tmp_path_factory.mktemp("run-off"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_pristine(pristine_engine, tiny_model, tmp_path_factory):
+    """Upstream's engine, built from upstream/ with no patches."""
+    server = Server(pristine_engine, tiny_model, {}, tmp_path_factory.mktemp("run-pristine"))
+    yield server
+    server.stop()

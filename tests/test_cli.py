@@ -1,0 +1,54 @@
+"""`python -m patchbay`: exit codes and one-line errors, run as the operator runs it."""
+
+import subprocess
+import sys
+
+import pytest
+
+from patchbay import ROOT
+
+
+def patchbay(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "patchbay", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(proc, code, *parts):
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for part in parts:
+        assert part in lines[0]
+
+
+def test_check_passes_on_the_real_series():
+    proc = patchbay("check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("series ok: ")
+    assert "zero fuzz" in proc.stdout and "build id pb-" in proc.stdout
+
+
+def test_docs_check_passes():
+    proc = patchbay("docs", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "docs/PATCHES.md is up to date"
+
+
+@pytest.mark.parametrize("verb", ["status", "start"])
+def test_missing_config_is_exit_2_in_one_line(verb):
+    proc = patchbay(verb, "--config", "/nonexistent")
+    assert_one_line_error(proc, 2, f"patchbay {verb}: ", "/nonexistent", "no such config file")
+
+
+def test_bad_config_value_is_exit_2_naming_the_key(tmp_path):
+    path = tmp_path / "bad.env"
+    path.write_text("PORT=abc\n")
+    proc = patchbay("status", "--config", str(path))
+    assert_one_line_error(proc, 2, f"{path}: PORT=abc is not an integer")
+
+
+def test_synth_air12_is_exit_2_in_one_line(tmp_path):
+    proc = patchbay("synth", "air12", str(tmp_path / "x"))
+    assert_one_line_error(proc, 2, "patchbay synth: ", "air12")
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,132 @@
+"""config.load: the .env file, PATCHBAY_* overrides, one-line errors, the shipped examples."""
+
+from pathlib import Path
+
+import pytest
+
+from patchbay import ROOT, config, knobs, series
+from patchbay.config import ConfigError
+
+GOOD = """\
+# a comment, then a blank line
+
+MODEL=synthetic:tiny
+HOST=0.0.0.0
+PORT=8123
+CONTINUOUS_BATCHING=0
+SYNTH_SEED=7
+READY_TIMEOUT=30
+ENGINE_ARGS="--cb-num-blocks 64"
+PB_ALPHA=1
+PB_BETA = 'x,y'
+"""
+
+
+def write(tmp_path, text, name="test.env"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def one_line_error(path, environ=None):
+    with pytest.raises(ConfigError) as e:
+        config.load(path, environ=environ or {})
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_good_file_gives_typed_values(tmp_path):
+    path = write(tmp_path, GOOD)
+    cfg = config.load(path, environ={"PORT": "1", "HOST": "10.0.0.1"})  # bare names are not overrides
+    assert cfg.model == "synthetic:tiny"
+    assert cfg.host == "0.0.0.0"
+    assert cfg.port == 8123 and isinstance(cfg.port, int)
+    assert cfg.continuous_batching is False
+    assert (cfg.synth_seed, cfg.ready_timeout) == (7, 30)
+    assert cfg.engine_args == "--cb-num-blocks 64"
+    assert cfg.knobs == {"PB_ALPHA": "1", "PB_BETA": "x,y"}
+    assert cfg.source == str(path)
+    assert cfg.url == "http://0.0.0.0:8123"
+    assert (cfg.runtime, cfg.device) == ("local", "cpu")  # defaults for keys the file leaves out
+
+
+def test_environment_overrides_the_file(tmp_path):
+    path = write(tmp_path, GOOD)
+    cfg = config.load(path, environ={"PATCHBAY_PORT": "9001", "PATCHBAY_CONTINUOUS_BATCHING": "1",
+                                     "PATCHBAY_PB_ALPHA": "0"})
+    assert cfg.port == 9001
+    assert cfg.continuous_batching is True
+    assert cfg.knobs["PB_ALPHA"] == "1"  # knobs come from the file only
+
+
+def test_bad_environment_override_names_the_variable(tmp_path):
+    message = one_line_error(write(tmp_path, GOOD), environ={"PATCHBAY_PORT": "eighty"})
+    assert message == "environment PATCHBAY_PORT: PORT=eighty is not an integer"
+
+
+def test_out_of_range_environment_override_is_not_blamed_on_the_file(tmp_path):
+    message = one_line_error(write(tmp_path, GOOD), environ={"PATCHBAY_PORT": "70000"})
+    assert "PORT=70000" in message and "PATCHBAY_PORT" in message
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = write(tmp_path, "PORT=8000\n# ok\nthis is not a setting\n")
+    message = one_line_error(path)
+    assert message.startswith(f"{path}:3: expected KEY=VALUE")
+
+
+def test_duplicated_key_names_file_and_line(tmp_path):
+    path = write(tmp_path, "PORT=8000\nHOST=127.0.0.1\nPORT=8001\n")
+    assert one_line_error(path) == f"{path}:3: PORT is set twice"
+
+
+def test_unknown_key_names_the_allowed_keys(tmp_path):
+    path = write(tmp_path, "PORT=8000\nCOLOUR=blue\n")
+    message = one_line_error(path)
+    assert message.startswith(f"{path}: unknown setting COLOUR (allowed: ")
+    for key in ("MODEL", "HOST", "PORT", "CONTINUOUS_BATCHING", "ENGINE_ARGS", "PB_* knobs"):
+        assert key in message
+    assert "KNOBS" not in message and "SOURCE" not in message
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("PORT=abc", "PORT=abc is not an integer"),
+    ("PORT=70000", "PORT=70000 is out of range (allowed: 1-65535)"),
+    ("PORT=0", "PORT=0 is out of range"),
+    ("CONTINUOUS_BATCHING=yes", "CONTINUOUS_BATCHING=yes is not a valid value (allowed: 0, 1)"),
+    ("HOST=not-an-ip", "HOST=not-an-ip is not an IP address"),
+    ("MODEL=relative/path", "MODEL=relative/path must be synthetic:tiny or a local checkpoint folder"),
+    ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local)"),
+    ("READY_TIMEOUT=0", "READY_TIMEOUT=0 must be at least 1"),
+    ("SYNTH_SEED=", "SYNTH_SEED= is not an integer"),
+])
+def test_bad_value_is_one_line_naming_the_key(tmp_path, line, expected):
+    path = write(tmp_path, f"DEVICE=cpu\n{line}\n")
+    message = one_line_error(path)
+    assert message.startswith(f"{path}: ") and expected in message
+
+
+def test_missing_file_is_an_error(tmp_path):
+    message = one_line_error(tmp_path / "nope.env")
+    assert str(tmp_path / "nope.env") in message and "no such config file" in message
+
+
+def test_relative_path_is_reported_relative_to_the_repo(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = config.load(Path("config/minimal.env.example"), environ={})
+    assert cfg.source == "config/minimal.env.example"
+
+
+@pytest.mark.parametrize("name", ["local.env.example", "minimal.env.example"])
+def test_shipped_examples_load_and_set_only_real_knobs(name):
+    cfg = config.load(ROOT / "config" / name, environ={})
+    assert cfg.source == f"config/{name}"
+    loaded, problems = series.load()
+    assert problems == []
+    assert knobs.validate_settings(loaded.knobs(), cfg.knobs, cfg.source) == []
+    if name == "minimal.env.example":
+        assert cfg.knobs == {}, "the all-off baseline must set no PB_* knob"
+    else:
+        adopted = {p.knob.name for p in loaded.patches if p.knob and p.status == "adopted"}
+        assert adopted <= set(cfg.knobs), "the embedded default turns every adopted knob on"
