@@ -47,3 +47,27 @@ def test_http_check_reports_knobs_that_are_on(server_on, server_pristine):
     assert "GET /v1/models" in changed  # PB_MODELS_INFO: 200 with the served model, not 500
     assert "POST /tokenize" in changed  # PB_TOKENIZE: a route upstream does not have
     assert any("[DONE]" in d for d in diffs)  # PB_SSE_DONE
+
+
+def test_a_patch_leaking_with_its_knob_off_is_caught(tmp_path, server_pristine, tiny_model):
+    """The knob-off check can fail: a copy of the series whose SSE patch ignores its knob."""
+    import shutil
+
+    from patchbay import ROOT, build, series
+
+    from .conftest import Server
+
+    shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    sse = tmp_path / "patches" / "0020-sse-done.patch"
+    gate = '+    if not knobs.get("PB_SSE_DONE"):\n'
+    assert sse.read_text().count(gate) == 1
+    sse.write_text(sse.read_text().replace(gate, '+    if not knobs.get("PB_SSE_DONE") and False:\n'))
+    leaky_series, problems = series.load(tmp_path / "patches")
+    assert not problems
+    leaky = Server(build.build(leaky_series, progress=lambda *_: None), tiny_model, {}, tmp_path / "run")
+    try:
+        diffs = exact.differences(exact.http_transcript(leaky.url, leaky.model),
+                                  exact.http_transcript(server_pristine.url, server_pristine.model))
+    finally:
+        leaky.stop()
+    assert diffs and all("[DONE]" in d for d in diffs)

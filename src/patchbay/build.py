@@ -66,7 +66,7 @@ def build(series: Series | None, *, lock_path: Path = LOCK_PATH, upstream_dir: P
           out: Path = BUILD_DIR, progress=print) -> Engine:
     """Build (or reuse) the engine for series; None builds the pristine upstream engine."""
     lock = Lock.read(lock_path)
-    upstream_dir = ensure(lock) if upstream_dir is None else upstream_dir
+    upstream_dir = ensure(lock, progress=progress) if upstream_dir is None else upstream_dir
     if series is None:
         build_id, version = f"upstream-{lock.version}", lock.version
     else:

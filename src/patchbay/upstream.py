@@ -122,11 +122,13 @@ def materialize_release(name: str, version: str, dest: Path, *, expected_sha256:
     return commit
 
 
-def ensure(lock: Lock | None = None, dest: Path = UPSTREAM_DIR, *, sdist: Path | None = None) -> Path:
+def ensure(lock: Lock | None = None, dest: Path = UPSTREAM_DIR, *, sdist: Path | None = None,
+           progress=lambda *_: None) -> Path:
     """Make sure dest holds the pinned source and that it matches the lock."""
     lock = lock or Lock.read()
     populated = dest.exists() and any(dest.iterdir())
     if not populated:
+        progress(f"materializing {lock.name} {lock.version} into {dest} from its sdist (sha256-checked)")
         if dest.exists():
             dest.rmdir()  # an empty submodule folder: fill it from the sdist instead
         materialize_release(lock.name, lock.version, dest, expected_sha256=lock.sdist_sha256,
