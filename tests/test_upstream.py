@@ -152,4 +152,11 @@ def test_real_lock_matches_the_pinned_sdist():
     tarball = upstream.fetch_sdist(lock.name, lock.version)
     assert tarball.name == f"{lock.name}-{lock.version}.tar.gz"
     assert upstream.sha256_file(tarball) == lock.sdist_sha256
-    assert (ROOT / "upstream.lock").read_bytes() == lock.digest_input()
+
+
+def test_real_lock_matches_a_fresh_computation():
+    """tree and src_tree in upstream.lock are what the pinned sdist really unpacks to."""
+    lock = Lock.read()
+    computed = upstream.compute_lock(lock.name, lock.version, upstream.fetch_sdist(lock.name, lock.version),
+                                     lock.ref_tag, lock.src_path)
+    assert computed == lock
