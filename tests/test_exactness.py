@@ -46,7 +46,8 @@ def test_http_check_reports_knobs_that_are_on(server_on, server_pristine):
     changed = " ".join(d.split(":")[0] for d in diffs)
     assert "GET /v1/models" in changed  # PB_MODELS_INFO: 200 with the served model, not 500
     assert "POST /tokenize" in changed  # PB_TOKENIZE: a route upstream does not have
-    assert any("[DONE]" in d for d in diffs)  # PB_SSE_DONE
+    assert any(".body.pb_fingerprint: present != missing" in d for d in diffs)  # PB_FINGERPRINT
+    assert any(".body.sse" in d for d in diffs)  # PB_SSE_DONE and PB_FINGERPRINT change streams
 
 
 def test_a_patch_leaking_with_its_knob_off_is_caught(tmp_path, server_pristine, tiny_model):

@@ -175,3 +175,50 @@ def test_bad_pb_knobs_are_400s_naming_the_knob(server_on, knobs, code, words):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == code and words in error["message"] and next(iter(knobs)) in error["message"]
+
+
+# ---- 0060 PB_FINGERPRINT ------------------------------------------------------------------
+
+
+def test_fingerprints_identify_build_knobs_and_tokens(server_on, patched_engine):
+    body = {"model": server_on.model, "messages": CHAT, "max_tokens": 6}
+    whole = httpx.post(f"{server_on.url}/v1/chat/completions", json=body, timeout=60)
+    assert whole.headers["x-pb-build"] == patched_engine.build_id
+    fp = whole.json()["pb_fingerprint"]
+    assert len(fp) == 16
+    streamed = sse_data(server_on, "/v1/chat/completions", {**body, "stream": True})
+    import json
+
+    final = json.loads(streamed[-2])  # the last chunk before [DONE]
+    assert final["choices"][0]["finish_reason"] and final["pb_fingerprint"] == fp  # same tokens, same hash
+    other = httpx.post(f"{server_on.url}/v1/chat/completions", timeout=60,
+                       json={**body, "messages": [{"role": "user", "content": "Something else entirely"}]})
+    assert other.json()["pb_fingerprint"] != fp
+    # The knob hash follows per-request overrides.
+    overridden = httpx.post(f"{server_on.url}/v1/chat/completions", timeout=60,
+                            json={**body, "pb_knobs": {"PB_CONTEXT_LIMIT": 0}})
+    assert overridden.headers["x-pb-knobs"] != whole.headers["x-pb-knobs"]
+    assert overridden.json()["pb_fingerprint"] == fp  # a same-bits knob: the same tokens
+
+
+def test_fingerprint_matches_the_token_ids(server_on):
+    """The hash is of the generated ids: recompute it from a token-id prompt's reply."""
+    import hashlib
+
+    tokenizer = AutoTokenizer.from_pretrained(server_on.model)
+    r = httpx.post(f"{server_on.url}/v1/completions", timeout=60,
+                   json={"model": server_on.model, "prompt": "def ", "max_tokens": 5}).json()
+    ids = tokenizer(r["choices"][0]["text"], add_special_tokens=False)["input_ids"]
+    expected = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+    if len(ids) == r["usage"]["completion_tokens"]:  # the text re-tokenizes to the same ids
+        assert r["pb_fingerprint"] == expected
+
+
+def test_no_fingerprint_without_the_knob(server_off):
+    r = httpx.post(f"{server_off.url}/v1/chat/completions", timeout=60,
+                   json={"model": server_off.model, "messages": CHAT, "max_tokens": 3})
+    assert "pb_fingerprint" not in r.json() and "x-pb-build" not in r.headers
+    on = httpx.post(f"{server_off.url}/v1/chat/completions", timeout=60,
+                    json={"model": server_off.model, "messages": CHAT, "max_tokens": 3,
+                          "pb_knobs": {"PB_FINGERPRINT": 1}})
+    assert "pb_fingerprint" in on.json() and "x-pb-knobs" in on.headers
