@@ -221,6 +221,89 @@ def cmd_logs(args) -> int:
     return 0
 
 
+# ---- measuring ------------------------------------------------------------------------------
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise Fail(f"{what} {text}: expected comma-separated whole numbers, e.g. 1,4,8", 2) from None
+    if not values or min(values) < 1:
+        raise Fail(f"{what} {text}: every value must be at least 1", 2)
+    return values
+
+
+def cmd_ab(args) -> int:
+    import shlex
+
+    from . import bench, windows
+
+    try:
+        if args.knob and (args.a_json or args.b_json):
+            raise bench.BenchError("give either --knob or --a-json/--b-json, not both", 2)
+        if args.knob:
+            arms = bench.arms_from_knobs(args.knob)
+        elif args.a_json is not None and args.b_json is not None:
+            arms = bench.arms_from_json(args.a_json, args.b_json)
+        else:
+            raise bench.BenchError("name the two arms: --knob PB_X=a,b, or --a-json '{...}' --b-json '{...}'", 2)
+        levels = _int_list(args.concurrency, "--concurrency")
+        if args.reps < 1 or args.warmup < 0:
+            raise bench.BenchError("--reps must be at least 1 and --warmup at least 0", 2)
+        results_dir = Path(args.results_dir) if args.results_dir else windows.RESULTS_DIR
+        if args.window:
+            windows.check_slug(args.window)
+        suites = [s for s in args.suites.split(",") if s] if args.suites else None
+        url = args.url.rstrip("/")
+        server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens)
+        plan = bench.Plan(url=url, model=server["model"], arms=arms, prompts=chosen, levels=levels,
+                          reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
+                          timeout=args.timeout, time_limit=args.time_limit,
+                          suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index))
+        server["build"] = bench.check_arms(plan) or server["build"]
+        window = windows.create(results_dir, args.window) if args.window else None
+        prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
+        result = bench.execute(plan, server, window, f"{prog} {shlex.join(sys.argv[1:])}",
+                               progress=None if args.quiet else bench.Progress())
+    except (bench.BenchError, windows.WindowError) as e:
+        raise Fail(str(e), getattr(e, "code", 2)) from None
+    summary = result["summary"]
+    if not args.quiet:
+        for level, data in summary["levels"].items():
+            print("\n".join(windows.level_table(level, data)))
+    print(summary["headline"])
+    if window:
+        if results_dir.resolve() == windows.RESULTS_DIR.resolve():
+            windows.INDEX.write_text(windows.render_index(results_dir, windows.INDEX))
+        print(f"window {window}")
+    if summary["errors"]:
+        raise Fail(f"{summary['errors']} of {summary['requests']} requests failed; see the error field in raw.jsonl"
+                   if window else f"{summary['errors']} of {summary['requests']} requests failed")
+    if not summary["complete"]:
+        raise Fail(f"stopped early: the run passed --time-limit {args.time_limit:g}s")
+    return 0
+
+
+def cmd_results(args) -> int:
+    from . import windows
+
+    results_dir = Path(args.results_dir) if args.results_dir else windows.RESULTS_DIR
+    index = Path(args.index) if args.index else windows.INDEX
+    text = windows.render_index(results_dir, index)
+    shown = index.resolve().relative_to(ROOT) if ROOT in index.resolve().parents else index
+    if args.check:
+        if not index.is_file() or index.read_text() != text:
+            print(f"{shown} is stale; run `python -m patchbay results`")
+            return 1
+        print(f"{shown} is up to date ({len(windows.existing(results_dir))} windows)")
+        return 0
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(text)
+    print(f"wrote {shown} ({len(windows.existing(results_dir))} windows)")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="patchbay", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -257,6 +340,32 @@ def parser() -> argparse.ArgumentParser:
         if name == "logs":
             v.add_argument("-n", "--lines", type=int, default=50)
             v.add_argument("-f", "--follow", action="store_true")
+    ab = verb("ab", cmd_ab, "paired A/B speed comparison of two pb_knobs settings on a live server")
+    ab.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    ab.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    ab.add_argument("--knob", action="append", metavar="PB_X=A,B",
+                    help="arm A sends PB_X=A, arm B PB_X=B in pb_knobs (repeatable)")
+    ab.add_argument("--a-json", metavar="JSON", help="arm A's whole pb_knobs object, e.g. '{}'")
+    ab.add_argument("--b-json", metavar="JSON", help="arm B's whole pb_knobs object")
+    ab.add_argument("--suites", help="comma-separated prompt suites (default: all: code, json, sql, prose, "
+                                     "edit, tool, count, long)")
+    ab.add_argument("--concurrency", default="1", metavar="N,N,...", help="levels, run in this order (default: 1)")
+    ab.add_argument("--reps", type=int, default=5, help="measured reps per level and arm (default: 5)")
+    ab.add_argument("--warmup", type=int, default=1, help="reps run first and discarded (default: 1)")
+    ab.add_argument("--max-tokens", type=int, help="reply length for every prompt (default: each prompt's own)")
+    ab.add_argument("--max-prompt-tokens", type=int,
+                    help="cut long prompts by words to fit this many prompt tokens (small models)")
+    ab.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    ab.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
+    ab.add_argument("--time-limit", type=float, default=3600.0,
+                    help="no new pass starts after this many seconds (default: 3600)")
+    ab.add_argument("--window", metavar="SLUG", help="write a results window results/WNN-SLUG/")
+    ab.add_argument("--results-dir", help="where windows go (default: results/)")
+    ab.add_argument("--quiet", action="store_true", help="no progress bar and no tables, only the headline")
+    rs = verb("results", cmd_results, "regenerate docs/RESULTS.md, the index of the results windows")
+    rs.add_argument("--check", action="store_true", help="only report whether it is stale")
+    rs.add_argument("--results-dir", help="the windows' folder (default: results/)")
+    rs.add_argument("--index", help="the index file (default: docs/RESULTS.md)")
     return p
 
 

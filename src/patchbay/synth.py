@@ -145,6 +145,27 @@ def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
     return tok
 
 
+def padded_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """build_tokenizer() with filler entries up to vocab_size, so that every id a wide model
+    (air12: 151,552) can emit decodes to text. Encoding is unchanged: no merge produces a filler."""
+    tok = build_tokenizer()
+    data = json.loads(tok.backend_tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in data["added_tokens"]}
+    for i in range(vocab_size):
+        if i not in taken:
+            vocab[f"~{i}~"] = i  # plain ASCII, so the byte-level decoder maps it to itself
+    padded = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        eos_token=EOS,
+        pad_token=EOS,
+        extra_special_tokens=[t for t in SPECIAL_TOKENS if t != EOS],
+        clean_up_tokenization_spaces=False,
+    )
+    padded.chat_template = CHAT_TEMPLATE
+    return padded
+
+
 def stop_ids(tok: PreTrainedTokenizerFast) -> list[int]:
     return tok.convert_tokens_to_ids(list(STOP_TOKENS))
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On a GPU machine with torch but no network: install the wheels gathered by
+# `python -m patchbay.gpu wheels` (in .whl/), then run a GPU job.
+#   scripts/gpu-run.sh ENGINE CMD...   ENGINE: upstream | patched
+# The engine's transformers goes first on PYTHONPATH, then the carried packages, then patchbay.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+engine="${1:?usage: scripts/gpu-run.sh upstream|patched CMD...}"; shift
+site=/tmp/pb-site
+if [ ! -f "$site/.done" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+        $(ls "$root"/.whl/*.whl | grep -v '/transformers-')
+    for wheel in "$root"/.whl/transformers-*.whl; do
+        case "$(basename "$wheel")" in
+            transformers-*+pb.*) dest=/tmp/pb-engine-patched ;;
+            *) dest=/tmp/pb-engine-upstream ;;
+        esac
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dest" "$wheel"
+    done
+    touch "$site/.done"
+fi
+export PYTHONPATH="/tmp/pb-engine-$engine:$site:$root/src"
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+exec "$@"
