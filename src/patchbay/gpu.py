@@ -11,6 +11,9 @@ first; `patchbay gpu-wheels` gathers them here.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -25,7 +28,8 @@ AIR12 = "synthetic:air12"
 # huggingface_hub, httpx and typer do), pinned like pyproject.toml's engine extra.
 CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic==2.14.4",
            "pydantic_core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
-           "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1"]
+           "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1", "opentelemetry-api==1.45.2",
+           "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 
@@ -55,6 +59,8 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
 
     from .synth import build_air12, padded_tokenizer
 
+    # Upstream's batching logger says which CUDA-graph paths it chose; keep that in the log.
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.INFO)
     t0 = time.monotonic()
     model = build_air12("cuda", seed=seed)
     tokenizer = padded_tokenizer(model.config.vocab_size)
@@ -70,7 +76,8 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     return serve
 
 
-def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None) -> int:
+def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
+                env: dict | None = None) -> int:
     """Start `serve` in its own process (the load generator must not share its interpreter),
     wait for a streamed token, run job(url), stop the server. Returns job's exit code."""
     from .launch import first_streamed_token, log_tail
@@ -78,7 +85,7 @@ def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0,
     log = log or Path(f"/tmp/pb-air12-{port}.log")
     cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)] + (["--cuda-graphs"] if cuda_graphs else [])
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     try:
@@ -100,6 +107,91 @@ def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0,
             proc.kill()
 
 
+def exact_job(out: Path) -> int:
+    """Exactness item 1 on the GPU: the same requests to pristine upstream and to the patched build
+    with every knob unset (each engine first on PYTHONPATH, as scripts/gpu-run.sh installs them)."""
+    from . import exact
+
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(":") if "pb-engine-" not in p]
+    transcripts = {}
+    for n, engine in enumerate(("upstream", "patched")):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PB_")},
+               "PYTHONPATH": ":".join([f"/tmp/pb-engine-{engine}", *rest])}
+
+        def job(url, engine=engine):
+            transcripts[engine] = exact.http_transcript(url, AIR12)
+            return 0
+
+        log = out / f"server-{engine}.log"
+        if with_server(False, 8100 + n, job, log=log, env=env) != 0:
+            return 1
+    diffs = exact.differences(transcripts["patched"], transcripts["upstream"])
+    (out / "exact.json").write_text(json.dumps({"differences": diffs, "transcripts": transcripts}, indent=1))
+    print(f"{len(transcripts['upstream'])} requests, {len(diffs)} differ" + "".join(f"\n  {d}" for d in diffs))
+    return 1 if diffs else 0
+
+
+def assemble(results_dir: Path, slug: str, parts: list[tuple[str, Path, str]], exact_json: Path | None,
+             title: str) -> Path:
+    """One window from several `ab` windows run on the GPU (one per server setting) and an exact
+    run: each part keeps its own files in a subfolder; the top SUMMARY.md sets their aggregate
+    throughput next to the roofline of synthetic:air12."""
+    import shutil
+
+    from . import roofline, windows
+    from .synth import air12_config
+
+    config = air12_config()
+    window = windows.create(results_dir, slug)
+    rows, summary = [], {"parts": {}, "roofline_tok_s": {}}
+    for name, src, note in parts:
+        shutil.copytree(src, window / name)
+        part = json.loads((src / "summary.json").read_text())
+        summary["parts"][name] = {"note": note, "levels": {}}
+        for level, data in part["levels"].items():
+            agg = data["aggregate"]
+            roof = roofline.tokens_per_s(config, int(level))
+            summary["roofline_tok_s"][level] = roof
+            both = [v for v in (agg["A_tps"], agg["B_tps"]) if v is not None]
+            per_stream = [row[arm]["decode_tps"] for row in data["prompts"].values() for arm in "AB"
+                          if row[arm].get("decode_tps")]
+            ttft = [row[arm]["ttft_s"] for row in data["prompts"].values() for arm in "AB" if row[arm].get("ttft_s")]
+            entry = {"A_tps": agg["A_tps"], "B_tps": agg["B_tps"], "tps": sum(both) / len(both),
+                     "per_stream_decode_tps": sum(per_stream) / len(per_stream), "ttft_s": sum(ttft) / len(ttft),
+                     "roofline_tok_s": roof}
+            entry["of_roofline"] = entry["tps"] / roof
+            summary["parts"][name]["levels"][level] = entry
+            rows.append(f"| {name} | C{level} | {entry['tps']:.1f} | {agg['A_tps']:.1f} / {agg['B_tps']:.1f} | "
+                        f"{entry['per_stream_decode_tps']:.1f} | {1000 * entry['ttft_s']:.0f} | {roof:.0f} | "
+                        f"{entry['of_roofline']:.3f} |")
+    lines = [f"# W{window.name[1:3]}: {title}", ""]
+    if exact_json is not None:
+        shutil.copy(exact_json, window / "exact.json")
+        diffs = json.loads(exact_json.read_text())["differences"]
+        summary["exact_differences"] = len(diffs)
+        lines += [f"Exactness on the GPU (`python -m patchbay.gpu exact`): the same requests to pristine upstream "
+                  f"and to the patched build with every knob unset gave {len(diffs)} differing responses "
+                  f"(`exact.json`).", ""]
+    lines += ["Aggregate tok/s is completion tokens over each pass's wall time (the mean of the two arms of an "
+              "A/A run, both arms sending the same request); per-stream decode tok/s counts tokens after the "
+              "first; the roofline is the H200's 4.16 TB/s over the bf16 weight bytes one step reads "
+              "(`patchbay.roofline`).", "",
+              "| server setting | level | aggregate tok/s | arm A / B | per-stream decode tok/s | TTFT ms | "
+              "roofline tok/s | of roofline |", "|---|---|---:|---:|---:|---:|---:|---:|", *rows, ""]
+    for name, _src, note in parts:
+        lines += [f"- `{name}/`: {note}"]
+    best = max((e["tps"], n, lv) for n, p in summary["parts"].items() for lv, e in p["levels"].items())
+    summary["headline"] = f"best: {best[1]} C{best[2]} {best[0]:.0f} tok/s ({best[0] / summary['roofline_tok_s'][best[2]]:.3f} of roofline)"
+    (window / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (window / "SUMMARY.md").write_text("\n".join(lines) + "\n")
+    commands = [f"{name}: {(src / 'command.txt').read_text().strip()}" for name, src, _ in parts]
+    (window / "command.txt").write_text("\n".join(commands) + "\n")
+    first = json.loads((parts[0][1] / "config.json").read_text())
+    (window / "config.json").write_text(json.dumps({"created": first.get("created"), "parts": [p[0] for p in parts],
+                                                    "model": AIR12}, indent=2) + "\n")
+    return window
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m patchbay.gpu")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -111,6 +203,8 @@ def main(argv: list[str]) -> int:
     b.add_argument("--port", type=int, default=8000)
     b.add_argument("--cuda-graphs", action="store_true")
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
+    x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
+    x.add_argument("--out", required=True)
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
     args = p.parse_args(argv)
@@ -131,6 +225,8 @@ def main(argv: list[str]) -> int:
         ab_args = [a for a in args.ab_args if a != "--"]
         return with_server(args.cuda_graphs, args.port,
                            lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]))
+    if args.verb == "exact":
+        return exact_job(Path(args.out))
     serve = serve_air12(args.port, args.cuda_graphs, args.seed)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

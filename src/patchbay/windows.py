@@ -136,7 +136,8 @@ def _ci(ci) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text fit for one Markdown table cell: pipes escaped, lines joined."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "\\|")
 
 
 def level_table(level: str, data: dict) -> list[str]:
