@@ -128,6 +128,49 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_exact(args) -> int:
+    from . import build, exact, series
+    from .launch import engine_env
+
+    if not (args.pristine or args.knob or args.batched):
+        raise Fail("say what to check: --pristine, and/or --url URL with --knob PB_X=off,on or --batched N", 2)
+    if (args.knob or args.batched) and not args.url:
+        raise Fail("--knob and --batched check a live server: give --url", 2)
+    rows = []
+    if args.pristine:
+        loaded, problems = series.load(Path(args.series)) if args.series else (_series(), [])
+        if problems:
+            raise Fail("\n".join(map(str, problems)))
+        model = args.model_dir or model_path(_config(argparse.Namespace(config=None)))
+        patched = exact.probe_engine(engine_env(build.build(loaded, progress=lambda *_: None), {}), model)
+        pristine = exact.probe_engine(engine_env(build.build(None, progress=lambda *_: None), {}), model)
+        rows += exact.check_probes(patched, pristine, "knobs unset == pristine")
+    if args.url:
+        model = args.model or _served_model(args.url)
+        for spec in args.knob or []:
+            name, _, values = spec.partition("=")
+            off, _, on = values.partition(",")
+            if not name.startswith("PB_") or not off or not on:
+                raise Fail(f"--knob {spec}: expected PB_NAME=OFF,ON (e.g. PB_SSE_DONE=0,1)", 2)
+            rows += exact.check_same_bits(args.url, model, name, off, on)
+        if args.batched:
+            rows += exact.check_batched(args.url, model, args.batched)
+    print(exact.render(rows))
+    return 0 if all(r["equal"] for r in rows) else 1
+
+
+def _served_model(url: str) -> str:
+    import httpx
+
+    try:
+        data = httpx.get(f"{url}/v1/models", timeout=30).json().get("data") or []
+    except (httpx.HTTPError, ValueError):
+        data = []
+    if not data:
+        raise Fail(f"{url}/v1/models names no model; pass --model", 2)
+    return data[0]["id"]
+
+
 # ---- serving ------------------------------------------------------------------------------
 
 
@@ -331,6 +374,15 @@ def parser() -> argparse.ArgumentParser:
     dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
     dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")
     verb("export", cmd_export, "rewrite the patches from build/dev's commits, keeping headers")
+    x = verb("exact", cmd_exact, "the exactness contract: knobs unset == pristine, same-bits knobs, batched == alone")
+    x.add_argument("--pristine", action="store_true",
+                   help="in-process: the series' build with every knob unset against the pristine build")
+    x.add_argument("--series", help="with --pristine: another series folder (default: patches/)")
+    x.add_argument("--model-dir", help="with --pristine: a checkpoint folder (default: the config's model)")
+    x.add_argument("--url", help="a live server for --knob and --batched (it needs PB_TOKENIZE=1)")
+    x.add_argument("--model", help="with --url: the model id (default: the first /v1/models lists)")
+    x.add_argument("--knob", action="append", metavar="PB_X=OFF,ON", help="a same-bits knob, per request")
+    x.add_argument("--batched", type=int, metavar="N", help="each prompt next to N others == alone")
     for name, fn, help in (("start", cmd_start, "build what is missing and start serving; ready = a streamed token"),
                            ("stop", cmd_stop, "stop the server"),
                            ("status", cmd_status, "what is running: build, knobs, model, pid, health"),

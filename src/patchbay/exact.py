@@ -162,6 +162,91 @@ def differences(a: list[dict], b: list[dict]) -> list[str]:
     return diffs
 
 
+# ---- the runnable suite (`patchbay exact`) -------------------------------------------------------
+
+
+def first_token_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two sequences differ (None when equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _row(check: str, prompt: int, a_ids, b_ids, note: str = "") -> dict:
+    at = first_token_difference(a_ids, b_ids)
+    detail = note
+    if at is not None:
+        got = lambda ids: ids[at] if at < len(ids) else "end"  # noqa: E731
+        detail = f"token {at}: {got(a_ids)} != {got(b_ids)}"
+    return {"check": check, "prompt": prompt, "equal": at is None, "detail": detail or f"{len(a_ids)} reply tokens"}
+
+
+def check_probes(a: dict, b: dict, check: str) -> list[dict]:
+    """Rows comparing two probes (greedy ids through generate and batching, and logits hashes)."""
+    rows = []
+    for i, (x, y) in enumerate(zip(a["generate"], b["generate"], strict=True)):
+        row = _row(f"{check} (generate)", i, x["ids"], y["ids"])
+        if row["equal"] and x["logits_sha256"] != y["logits_sha256"]:
+            row.update(equal=False, detail="same ids, different logits")
+        rows.append(row)
+    for i, (x, y) in enumerate(zip(a["batch"], b["batch"], strict=True)):
+        rows.append(_row(f"{check} (batching)", i, x["ids"], y["ids"]))
+    return rows
+
+
+def chat_ids(client: httpx.Client, model: str, messages: list[dict], knobs: dict | None = None,
+             max_tokens: int = NEW_TOKENS) -> list[int]:
+    """One greedy reply as token ids: the reply text tokenized by the server's /tokenize
+    (PB_TOKENIZE), so a difference can be named by token."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if knobs:
+        body["pb_knobs"] = knobs
+    r = client.post("/v1/chat/completions", json=body)
+    if r.status_code != 200:
+        raise RuntimeError(f"the server answered HTTP {r.status_code}: {r.text[:200]}")
+    text = r.json()["choices"][0]["message"]["content"] or ""
+    t = client.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+    if t.status_code != 200:
+        raise RuntimeError("naming tokens needs the server's /tokenize (start it with PB_TOKENIZE=1)")
+    return t.json()["tokens"]
+
+
+def check_same_bits(url: str, model: str, knob: str, off, on, timeout: float = 300.0) -> list[dict]:
+    """A same-bits knob, per request: every exactness prompt with the knob off and on."""
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        return [_row(f"{knob}={on} == {knob}={off}", i, chat_ids(client, model, m, {knob: off}),
+                     chat_ids(client, model, m, {knob: on})) for i, m in enumerate(EXACTNESS_PROMPTS)]
+
+
+def check_batched(url: str, model: str, others: int, timeout: float = 300.0) -> list[dict]:
+    """Each exactness prompt alone, then again while `others` other prompts run next to it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = []
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        alone = [chat_ids(client, model, m) for m in EXACTNESS_PROMPTS]
+        with ThreadPoolExecutor(max_workers=others + 1) as pool:
+            for i, messages in enumerate(EXACTNESS_PROMPTS):
+                neighbours = [EXACTNESS_PROMPTS[(i + k) % len(EXACTNESS_PROMPTS)] for k in range(1, others + 1)]
+                futures = [pool.submit(chat_ids, client, model, m, None, 2 * NEW_TOKENS) for m in neighbours]
+                mine = chat_ids(client, model, messages)
+                for f in futures:
+                    f.result()
+                rows.append(_row(f"next to {others} others == alone", i, mine, alone[i]))
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    width = max(len(r["check"]) for r in rows)
+    lines = [f"{'check':<{width}}  prompt  result  detail"]
+    for r in rows:
+        lines.append(f"{r['check']:<{width}}  {r['prompt']:>6}  {'same' if r['equal'] else 'DIFF':<6}  {r['detail']}")
+    bad = sum(not r["equal"] for r in rows)
+    lines.append(f"{len(rows) - bad} same, {bad} different")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "probe":
         print(json.dumps(probe(argv[1])))

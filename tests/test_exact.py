@@ -1,0 +1,63 @@
+"""`patchbay exact`, the runnable exactness suite: it passes on the real series and fails, naming
+the prompt and the first differing token, on a deliberately non-exact change."""
+
+import subprocess
+import sys
+
+import pytest
+
+from patchbay import ROOT, exact, series, upstream
+from patchbay.gitutil import git
+
+pytestmark = pytest.mark.engine
+
+TOY_HEADER = """Description: A toy numerics change that ignores its knob (for the test only).
+Knob: PB_TOY type=bool default=0
+Per-Request: no
+Status: opt-in
+Exactness: same-bits
+Gain: none measured
+Depends: none
+Upstream-Status: Inappropriate [test fixture]
+Last-Update: 2026-11-29
+---
+"""
+
+
+def patchbay(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "patchbay", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_first_token_difference():
+    assert exact.first_token_difference([1, 2, 3], [1, 2, 3]) is None
+    assert exact.first_token_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert exact.first_token_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_exact_on_a_live_server_passes(server_on):
+    proc = patchbay("exact", "--url", server_on.url, "--knob", "PB_SSE_DONE=0,1", "--knob", "PB_FINGERPRINT=0,1",
+                    "--batched", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "24 same, 0 different" in proc.stdout
+    assert "next to 3 others == alone" in proc.stdout
+
+
+def test_a_non_exact_change_fails_naming_prompt_and_token(tmp_path, tiny_model):
+    lock = upstream.Lock.read()
+    tree = series.scratch_copy(upstream.ensure(lock), tmp_path / "tree", lock.ref_tag)
+    modeling = tree / "src/transformers/models/glm4_moe/modeling_glm4_moe.py"
+    line = "topk_weights = topk_weights * self.routed_scaling_factor"
+    assert modeling.read_text().count(line) == 1
+    modeling.write_text(modeling.read_text().replace(line, line + " * 1.5"))
+    diff = git(["diff", "--full-index"], tree).stdout
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0010-toy.patch").write_text(TOY_HEADER + diff)
+    (patches / "series").write_text("0010-toy.patch\n")
+    proc = patchbay("exact", "--pristine", "--series", str(patches), "--model-dir", tiny_model)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    diffs = [line for line in proc.stdout.splitlines() if " DIFF " in line]
+    assert diffs, proc.stdout
+    assert all(("token " in d and " != " in d) or "different logits" in d for d in diffs)
+    assert "knobs unset == pristine (generate)" in proc.stdout
