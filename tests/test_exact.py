@@ -43,7 +43,8 @@ def test_exact_on_a_live_server_passes(server_on):
     assert "next to 3 others == alone" in proc.stdout
 
 
-def test_a_non_exact_change_fails_naming_prompt_and_token(tmp_path, tiny_model):
+def toy_series(tmp_path):
+    """A one-patch series that scales the routed experts' weights and ignores its knob."""
     lock = upstream.Lock.read()
     tree = series.scratch_copy(upstream.ensure(lock), tmp_path / "tree", lock.ref_tag)
     modeling = tree / "src/transformers/models/glm4_moe/modeling_glm4_moe.py"
@@ -55,9 +56,28 @@ def test_a_non_exact_change_fails_naming_prompt_and_token(tmp_path, tiny_model):
     patches.mkdir()
     (patches / "0010-toy.patch").write_text(TOY_HEADER + diff)
     (patches / "series").write_text("0010-toy.patch\n")
+    return patches
+
+
+def test_a_non_exact_change_fails_naming_prompt_and_token(tmp_path, tiny_model):
+    patches = toy_series(tmp_path)
     proc = patchbay("exact", "--pristine", "--series", str(patches), "--model-dir", tiny_model)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     diffs = [line for line in proc.stdout.splitlines() if " DIFF " in line]
     assert diffs, proc.stdout
     assert all(("token " in d and " != " in d) or "different logits" in d for d in diffs)
     assert "knobs unset == pristine (generate)" in proc.stdout
+
+
+def test_teacher_forced_scores(tmp_path, tiny_model):
+    """Same-bits: every |Δ logprob| is 0. The toy change: visibly non-zero, per text."""
+    same = patchbay("score", "--b-knob", "PB_SSE_DONE=1", "--model-dir", tiny_model)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[-1].split()[2:] == ["0", "0"]
+    toy = patchbay("score", "--a-series", "pristine", "--b-series", str(toy_series(tmp_path)),
+                   "--model-dir", tiny_model)
+    assert toy.returncode == 0, toy.stderr
+    rows = [line.split() for line in toy.stdout.splitlines()[1:]]
+    assert all(float(r[2]) > 0 and float(r[3]) >= float(r[2]) for r in rows)
+    bad = patchbay("score", "--b-knob", "PB_NOPE=1", "--model-dir", tiny_model)
+    assert bad.returncode == 2 and "PB_NOPE is not a knob" in bad.stderr

@@ -159,6 +159,38 @@ def cmd_exact(args) -> int:
     return 0 if all(r["equal"] for r in rows) else 1
 
 
+def cmd_score(args) -> int:
+    from . import build, exact, series
+    from .knobs import validate_settings
+    from .launch import engine_env
+
+    def side(series_dir, knob_specs, name):
+        knobs = dict(spec.partition("=")[::2] for spec in knob_specs or [])
+        if series_dir == "pristine":
+            loaded = None
+            if knobs:
+                raise Fail(f"--{name}-knob: the pristine build has no knobs", 2)
+        else:
+            loaded, problems = series.load(Path(series_dir)) if series_dir else (_series(), [])
+            if problems:
+                raise Fail("\n".join(map(str, problems)))
+            errors = validate_settings(loaded.knobs(), knobs, f"--{name}-knob")
+            if errors:
+                raise Fail("\n".join(errors), 2)
+        engine = build.build(loaded, progress=lambda *_: None)
+        return exact.score_engine(engine_env(engine, knobs), model)
+
+    model = args.model_dir or model_path(_config(argparse.Namespace(config=None)))
+    rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
+    print("text  tokens  mean |Δ logprob|  max |Δ logprob|")
+    for r in rows:
+        print(f"{r['text']:>4}  {r['tokens']:>6}  {r['mean_abs']:>16.3g}  {r['max_abs']:>15.3g}")
+    n = sum(r["tokens"] for r in rows)
+    mean = sum(r["mean_abs"] * r["tokens"] for r in rows) / n
+    print(f"all   {n:>6}  {mean:>16.3g}  {max(r['max_abs'] for r in rows):>15.3g}")
+    return 0
+
+
 def _served_model(url: str) -> str:
     import httpx
 
@@ -383,6 +415,11 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--model", help="with --url: the model id (default: the first /v1/models lists)")
     x.add_argument("--knob", action="append", metavar="PB_X=OFF,ON", help="a same-bits knob, per request")
     x.add_argument("--batched", type=int, metavar="N", help="each prompt next to N others == alone")
+    sc = verb("score", cmd_score, "teacher-forced scoring: mean and max |Δ logprob| of reference texts, A vs B")
+    for arm in ("a", "b"):
+        sc.add_argument(f"--{arm}-series", help=f"{arm.upper()}'s series folder, or `pristine` (default: patches/)")
+        sc.add_argument(f"--{arm}-knob", action="append", metavar="PB_X=V", help=f"a knob set for {arm.upper()}")
+    sc.add_argument("--model-dir", help="a checkpoint folder (default: the config's model)")
     for name, fn, help in (("start", cmd_start, "build what is missing and start serving; ready = a streamed token"),
                            ("stop", cmd_stop, "stop the server"),
                            ("status", cmd_status, "what is running: build, knobs, model, pid, health"),
