@@ -283,3 +283,31 @@ def test_ab_refuses_an_arm_the_server_refuses_before_running(server_on, tmp_path
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "PB_MODELS_INFO" in proc.stderr and "HTTP 400" in proc.stderr
     assert not list(tmp_path.iterdir())  # no window for a run that never started
+
+
+@pytest.mark.engine
+def test_ab_restarts_two_configs_alternately(tmp_path, patched_engine, tiny_model):
+    """Knobs read at start are A/B tested by restarting the server with each arm's config."""
+    from patchbay import config
+
+    from .conftest import free_port
+
+    base = (config.CONFIG_DIR / "local.env.example").read_text()
+    port = free_port()
+    a = tmp_path / "a.env"
+    b = tmp_path / "b.env"
+    a.write_text(base.replace("PORT=8000", f"PORT={port}").replace("PB_MODELS_INFO=1\n", ""))
+    b.write_text(base.replace("PB_MODELS_INFO=1\n", "PB_MODELS_INFO=1\n"))
+    proc = patchbay("ab", "--a-config", str(a), "--b-config", str(b), "--suites", "count", "--max-tokens", "4",
+                    "--reps", "2", "--warmup", "0", "--window", "restarts", "--results-dir", str(tmp_path / "r"),
+                    "--quiet", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    window = next((tmp_path / "r").iterdir())
+    cfg = json.loads((window / "config.json").read_text())
+    assert cfg["restarts"]["A"]["knobs"].get("PB_MODELS_INFO") is None
+    assert cfg["restarts"]["B"]["knobs"]["PB_MODELS_INFO"] == "1"
+    raw = [json.loads(line) for line in (window / "raw.jsonl").read_text().splitlines()]
+    assert {r["arm"] for r in raw} == {"A", "B"} and not any(r["error"] for r in raw)
+    summary = json.loads((window / "summary.json").read_text())
+    assert all(row["replies"]["equal"] for row in summary["levels"]["1"]["prompts"].values())
+    assert not (ROOT / ".run" / "ab" / "server.pid").exists()  # nothing left running

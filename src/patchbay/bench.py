@@ -171,10 +171,20 @@ def schedule(plan: Plan) -> list[tuple[int, int, str]]:
     return out
 
 
-def run(plan: Plan, sink, progress=None) -> bool:
+def schedule_restarts(plan: Plan) -> list[tuple[int, int, str]]:
+    """The same passes grouped by arm within each rep, for arms that are whole server restarts."""
+    out = []
+    for rep in range(-plan.warmup, plan.reps):
+        order = "AB" if rep % 2 == 0 else "BA"
+        out += [(rep, level, arm) for arm in order for level in plan.levels]
+    return out
+
+
+def run(plan: Plan, sink, progress=None, switch=None) -> bool:
     """Run every pass in order, handing each pass's records to `sink`. False when the time limit
-    stopped it early."""
-    passes = schedule(plan)
+    stopped it early. `switch(arm)`, when given, is called whenever the arm changes: the arms are
+    then two server configurations, restarted alternately, rather than per-request knobs."""
+    passes = schedule_restarts(plan) if switch else schedule(plan)
     total = sum(len(plan.prompts) * max(1, -(-lvl // len(plan.prompts))) for _, lvl, _ in passes)
     bar = progress or (lambda *_: None)
     done = [0]
@@ -182,9 +192,13 @@ def run(plan: Plan, sink, progress=None) -> bool:
     epoch = time.perf_counter()
     limits = httpx.Limits(max_connections=max(plan.levels), max_keepalive_connections=max(plan.levels))
     with httpx.Client(limits=limits, timeout=plan.timeout) as client:
+        current = None
         for rep, level, arm in passes:
             if time.perf_counter() - epoch > plan.time_limit:
                 return False
+            if switch and arm != current:
+                switch(arm)
+                current = arm
 
             def tick(label=f"C{level} {'warmup' if rep < 0 else f'rep {rep + 1}/{plan.reps}'} {arm}"):
                 with lock:
@@ -306,7 +320,8 @@ class Progress:
         self.stream.flush()
 
 
-def execute(plan: Plan, server: dict, window=None, command: str = "", progress=None) -> dict:
+def execute(plan: Plan, server: dict, window=None, command: str = "", progress=None, switch=None,
+            restarts: dict | None = None) -> dict:
     """Run the plan, writing the window as it goes when one is given; the summary."""
     from . import stats, windows
 
@@ -321,9 +336,11 @@ def execute(plan: Plan, server: dict, window=None, command: str = "", progress=N
               "arms": plan.arms, "suites": plan.suites, "levels": plan.levels, "reps": plan.reps,
               "warmup": plan.warmup, "max_tokens": plan.max_tokens, "seed": plan.seed,
               "prompts": [{"id": p.id, "suite": p.suite, "body_words": p.words()} for p in plan.prompts]}
+    if restarts:
+        config["restarts"] = restarts  # arm -> the server configuration it was restarted with
     if window:
         windows.write_start(window, command, config)
-    complete = run(plan, sink, progress)
+    complete = run(plan, sink, progress, switch)
     summary = stats.summarize(records, [p.id for p in plan.prompts], plan.levels, plan.seed)
     summary.update(complete=complete, resamples=stats.RESAMPLES, burst_s=stats.BURST_S,
                    headline=stats.headline(summary))

@@ -315,9 +315,18 @@ def cmd_ab(args) -> int:
     from . import bench, windows
 
     try:
-        if args.knob and (args.a_json or args.b_json):
-            raise bench.BenchError("give either --knob or --a-json/--b-json, not both", 2)
-        if args.knob:
+        restart = None
+        if sum(bool(x) for x in (args.knob, args.a_json or args.b_json, args.a_config or args.b_config)) > 1:
+            raise bench.BenchError("give one way to name the arms: --knob, --a-json/--b-json or "
+                                   "--a-config/--b-config", 2)
+        if args.a_config or args.b_config:
+            if not (args.a_config and args.b_config):
+                raise bench.BenchError("--a-config needs --b-config (two server configurations)", 2)
+            arms = {"A": {}, "B": {}}
+            restart = _restarter(args.a_config, args.b_config)
+            args.url, args.model = restart.url, args.model or restart.model
+            restart("A")
+        elif args.knob:
             arms = bench.arms_from_knobs(args.knob)
         elif args.a_json is not None and args.b_json is not None:
             arms = bench.arms_from_json(args.a_json, args.b_json)
@@ -340,9 +349,13 @@ def cmd_ab(args) -> int:
         window = windows.create(results_dir, args.window) if args.window else None
         prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
         result = bench.execute(plan, server, window, f"{prog} {shlex.join(sys.argv[1:])}",
-                               progress=None if args.quiet else bench.Progress())
+                               progress=None if args.quiet else bench.Progress(), switch=restart,
+                               restarts=restart.describe() if restart else None)
     except (bench.BenchError, windows.WindowError) as e:
         raise Fail(str(e), getattr(e, "code", 2)) from None
+    finally:
+        if restart:
+            restart.stop()
     summary = result["summary"]
     if not args.quiet:
         for level, data in summary["levels"].items():
@@ -358,6 +371,46 @@ def cmd_ab(args) -> int:
     if not summary["complete"]:
         raise Fail(f"stopped early: the run passed --time-limit {args.time_limit:g}s")
     return 0
+
+
+class _restarter:
+    """Arms that are two server configurations: each `switch(arm)` stops the running server and
+    starts that arm's configuration (B on A's host and port), ready = a streamed token."""
+
+    def __init__(self, a_path: str, b_path: str):
+        import dataclasses
+
+        from . import build, config, launch
+        from .knobs import validate_settings
+
+        self.launch = launch
+        series = _series()
+        try:
+            a = config.load(Path(a_path))
+            b = dataclasses.replace(config.load(Path(b_path)), host=a.host, port=a.port)
+        except config.ConfigError as e:
+            raise Fail(str(e), 2) from None
+        errors = validate_settings(series.knobs(), a.knobs, a.source) + validate_settings(series.knobs(), b.knobs, b.source)
+        if errors:
+            raise Fail("\n".join(errors), 2)
+        self.configs = {"A": a, "B": b}
+        self.files = launch.RunFiles(ROOT / ".run" / "ab")
+        self.engine = build.build(series, progress=lambda *_: None)
+        self.model = model_path(a)
+        self.url = a.url
+        if launch.running(self.files):
+            raise Fail("an earlier `ab --a-config` server is still running; stop it: kill the pid in .run/ab/server.pid")
+
+    def __call__(self, arm: str) -> None:
+        self.stop()
+        self.launch.start(self.configs[arm], self.engine, self.model, self.files, progress=lambda *_: None)
+
+    def stop(self) -> None:
+        self.launch.stop(self.files)
+
+    def describe(self) -> dict:
+        return {arm: {"config": c.source, "knobs": c.knobs_on(), "engine_args": c.engine_args}
+                for arm, c in self.configs.items()}
 
 
 def cmd_results(args) -> int:
@@ -436,6 +489,9 @@ def parser() -> argparse.ArgumentParser:
                     help="arm A sends PB_X=A, arm B PB_X=B in pb_knobs (repeatable)")
     ab.add_argument("--a-json", metavar="JSON", help="arm A's whole pb_knobs object, e.g. '{}'")
     ab.add_argument("--b-json", metavar="JSON", help="arm B's whole pb_knobs object")
+    ab.add_argument("--a-config", metavar="FILE", help="arm A is a server started from this config (local "
+                    "runtime); with --b-config the two are restarted alternately, for knobs read at start")
+    ab.add_argument("--b-config", metavar="FILE", help="arm B's config (served on A's host and port)")
     ab.add_argument("--suites", help="comma-separated prompt suites (default: all: code, json, sql, prose, "
                                      "edit, tool, count, long)")
     ab.add_argument("--concurrency", default="1", metavar="N,N,...", help="levels, run in this order (default: 1)")

@@ -51,7 +51,7 @@ def gather_wheels(dest: Path, engine_wheels: list[Path]) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
-def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.0.1"):
+def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.0.1", compile: bool = False):
     """Start the engine's server in this process with air12 registered; returns the Serve object."""
     import torch
     from transformers.cli.serve import Serve
@@ -67,8 +67,9 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)
-    serve = Serve(force_model=None, continuous_batching=True, cb_use_cuda_graph=cuda_graphs or None,
-                  host=host, port=port, device="cuda", log_level="info", non_blocking=True)
+    # --compile reaches only upstream's sequential path (static cache + torch.compile), not its batching.
+    serve = Serve(force_model=None, continuous_batching=not compile, cb_use_cuda_graph=cuda_graphs or None,
+                  compile=compile, host=host, port=port, device="cuda", log_level="info", non_blocking=True)
     manager = serve._model_manager
     manager.model_timeout = -1
     manager.loaded_models[f"{AIR12}@main"] = TimedModel(model, timeout_seconds=-1, processor=tokenizer)
@@ -77,13 +78,14 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
 
 
 def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
-                env: dict | None = None) -> int:
+                env: dict | None = None, compile: bool = False) -> int:
     """Start `serve` in its own process (the load generator must not share its interpreter),
     wait for a streamed token, run job(url), stop the server. Returns job's exit code."""
     from .launch import first_streamed_token, log_tail
 
     log = log or Path(f"/tmp/pb-air12-{port}.log")
-    cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)] + (["--cuda-graphs"] if cuda_graphs else [])
+    cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)]
+    cmd += (["--cuda-graphs"] if cuda_graphs else []) + (["--compile"] if compile else [])
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -97,7 +99,8 @@ def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0,
                 print(f"server not ready in {ready_timeout:.0f}s:\n{log_tail(log, 40)}", flush=True)
                 return 1
             time.sleep(2)
-        print(f"ready in {time.monotonic() - t0:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'})", flush=True)
+        print(f"ready in {time.monotonic() - t0:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
+              f"{', compile, no batching' if compile else ''})", flush=True)
         return job(url)
     finally:
         proc.terminate()
@@ -199,9 +202,11 @@ def main(argv: list[str]) -> int:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--cuda-graphs", action="store_true", help="upstream's --cb-use-cuda-graph")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--compile", action="store_true", help="upstream's --compile (sequential path, no batching)")
     b = sub.add_parser("ab", help="serve air12, run `patchbay ab` against it, stop (ab's own flags follow --)")
     b.add_argument("--port", type=int, default=8000)
     b.add_argument("--cuda-graphs", action="store_true")
+    b.add_argument("--compile", action="store_true")
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
     x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
     x.add_argument("--out", required=True)
@@ -224,10 +229,11 @@ def main(argv: list[str]) -> int:
 
         ab_args = [a for a in args.ab_args if a != "--"]
         return with_server(args.cuda_graphs, args.port,
-                           lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]))
+                           lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]),
+                           compile=args.compile)
     if args.verb == "exact":
         return exact_job(Path(args.out))
-    serve = serve_air12(args.port, args.cuda_graphs, args.seed)
+    serve = serve_air12(args.port, args.cuda_graphs, args.seed, compile=args.compile)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
