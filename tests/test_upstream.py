@@ -7,7 +7,7 @@ import tarfile
 import pytest
 
 from .fixtures_series import PKG, base_files, make_sdist
-from patchbay import ROOT, upstream
+from patchbay import upstream
 from patchbay.gitutil import git
 from patchbay.upstream import Lock, UpstreamError
 

@@ -36,7 +36,7 @@ def probe(model_dir: str) -> dict:
     """Greedy ids and logits hashes for every exactness prompt, from the engine on sys.path."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -53,8 +53,11 @@ def probe(model_dir: str) -> dict:
             logits = torch.stack(result.logits).to(torch.float32).contiguous()
             out["generate"].append({"ids": result.sequences[0, len(ids):].tolist(),
                                     "logits_sha256": hashlib.sha256(logits.numpy().tobytes()).hexdigest()})
-    # Continuous batching manages its own inference mode; it refuses to run inside one.
-    batch = model.generate_batch(inputs=prompts, generation_config=greedy, progress_bar=False)
+    # Continuous batching manages its own inference mode; it refuses to run inside one. On a CPU it
+    # would size its KV cache from system RAM (60-90 % of it): give it a small, fixed one.
+    cache = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=1024)
+    batch = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=cache,
+                                 progress_bar=False)
     for key in sorted(batch, key=lambda k: int(str(k).rsplit("_", 1)[-1])):
         out["batch"].append({"ids": list(batch[key].generated_tokens)})
     return out

@@ -185,3 +185,23 @@ def health(url: str) -> str:
     except httpx.HTTPError as e:
         return f"unreachable ({type(e).__name__})"
     return "ok" if r.status_code == 200 else f"unhealthy (HTTP {r.status_code}: {r.text[:80]})"
+
+
+class Alternation:
+    """Two server configurations served in turn on one host and port: calling it with an arm
+    stops whatever runs and starts that arm's configuration (for `ab` on knobs read at start)."""
+
+    def __init__(self, configs: dict, engine: Engine, model_path: str, files: RunFiles):
+        self.configs, self.engine, self.model, self.files = configs, engine, model_path, files
+        self.url = next(iter(configs.values())).url
+
+    def __call__(self, arm: str) -> None:
+        self.stop()
+        start(self.configs[arm], self.engine, self.model, self.files, progress=lambda *_: None)
+
+    def stop(self) -> None:
+        stop(self.files)
+
+    def describe(self) -> dict:
+        return {arm: {"config": c.source, "knobs": c.knobs_on(), "engine_args": c.engine_args}
+                for arm, c in self.configs.items()}
