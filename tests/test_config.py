@@ -130,3 +130,13 @@ def test_shipped_examples_load_and_set_only_real_knobs(name):
     else:
         adopted = {p.knob.name for p in loaded.patches if p.knob and p.status == "adopted"}
         assert adopted <= set(cfg.knobs), "the embedded default turns every adopted knob on"
+
+
+def test_inline_comments_and_strict_integers(tmp_path):
+    path = tmp_path / "c.env"
+    path.write_text("PORT=8123   # a spare port\nPB_SSE_DONE=1 # on\nENGINE_ARGS='--x #not-a-comment'\n")
+    cfg = config.load(path, environ={})
+    assert cfg.port == 8123 and cfg.knobs == {"PB_SSE_DONE": "1"} and cfg.engine_args == "--x #not-a-comment"
+    path.write_text("PORT=8_000\n")
+    with pytest.raises(config.ConfigError, match="PORT=8_000 is not an integer"):
+        config.load(path, environ={})

@@ -130,3 +130,8 @@ def test_patches_md_is_up_to_date():
     assert actual == expected, "docs/PATCHES.md is stale; run `python -m patchbay docs`"
     for k in loaded.knobs():
         assert f"`{k.name}`" in expected
+
+
+def test_a_value_listed_twice_is_refused():
+    with pytest.raises(KnobError, match="lists a value twice"):
+        parse_declaration("PB_X type=enum values=a,b,a default=a")

@@ -172,7 +172,7 @@ HEADER_CASES = {
     "Last-Update not ISO": ({"Last_Update": "29/11/2026"}, "Last-Update '29/11/2026' must be YYYY-MM-DD"),
     "Last-Update impossible": ({"Last_Update": "2026-13-45"}, "Last-Update '2026-13-45' must be YYYY-MM-DD"),
     "Depends on later": ({"Depends": "0040"}, "Depends on 0040, which comes later in the series"),
-    "Depends on itself": ({"Depends": "0030-beta"}, "Depends on 0030-beta, which comes later"),
+    "Depends on itself": ({"Depends": "0030-beta"}, "Depends on 0030-beta, which is this patch itself"),
     "Depends on missing": ({"Depends": "0010, 0099"}, "Depends on 0099, which is not in the series"),
 }
 

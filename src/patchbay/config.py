@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -72,10 +73,9 @@ _SETTINGS = {f.name.upper(): f for f in fields(Config) if f.name not in ("knobs"
 def _convert(key: str, raw: str, where: str):
     kind = _SETTINGS[key].type
     if kind == "int":
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(f"{where}: {key}={raw} is not an integer") from None
+        if not re.fullmatch(r"-?\d+", raw):  # int() would also take "1_000" and " 8000"
+            raise ConfigError(f"{where}: {key}={raw} is not an integer")
+        return int(raw)
     if kind == "bool":
         if raw not in ("0", "1"):
             raise ConfigError(f"{where}: {key}={raw} is not a valid value (allowed: 0, 1)")
@@ -95,6 +95,8 @@ def parse_env_file(path: Path) -> dict[str, str]:
             continue
         key, eq, value = stripped.partition("=")
         key, value = key.strip(), value.strip()
+        if not value.startswith(("'", '"')):
+            value = re.split(r"\s+#", value, maxsplit=1)[0]  # `PB_X=1  # why` keeps only 1
         if not eq or not key or " " in key:
             raise ConfigError(f"{path}:{n}: expected KEY=VALUE, got {stripped[:60]!r}")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":

@@ -97,6 +97,8 @@ def parse_declaration(text: str, *, per_request: bool = False, patch: str = "",
     if "default" not in attrs:
         raise KnobError(f"{name}: default= is required (the value that means upstream behaviour)")
     values = tuple(v for v in attrs.get("values", "").split(",") if v)
+    if len(set(values)) != len(values):
+        raise KnobError(f"{name}: values= lists a value twice")
     lo = hi = None
     if kind in ("enum", "list") and not values:
         raise KnobError(f"{name}: type={kind} needs values=a,b,...")

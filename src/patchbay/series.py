@@ -237,7 +237,9 @@ def _parse_depends(text: str, number: int, names: list[str]) -> tuple[tuple[str,
         target = next((n for n in names if item in (n[:4], Path(n).stem, n)), None)
         if target is None:
             errors.append(f"Depends on {item}, which is not in the series")
-        elif names.index(target) >= own_index:
+        elif names.index(target) == own_index:
+            errors.append(f"Depends on {item}, which is this patch itself")
+        elif names.index(target) > own_index:
             errors.append(f"Depends on {item}, which comes later in the series (move it earlier)")
         else:
             deps.append(Path(target).stem)
