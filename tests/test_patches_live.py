@@ -186,6 +186,8 @@ def test_fingerprints_identify_build_knobs_and_tokens(server_on, patched_engine)
     assert whole.headers["x-pb-build"] == patched_engine.build_id
     fp = whole.json()["pb_fingerprint"]
     assert len(fp) == 16
+    assert f"request={whole.headers['x-request-id']} tokens=" in server_on.files.log.read_text()
+    assert f"fp={fp}" in server_on.files.log.read_text()  # the log records it with the request id
     streamed = sse_data(server_on, "/v1/chat/completions", {**body, "stream": True})
     import json
 
