@@ -166,10 +166,7 @@ def cmd_start(args) -> int:
     if errors:
         raise Fail("\n".join(errors), 2)
     files = launch.RunFiles(cfg.run_path)
-    current = launch.running(files)
-    if current:
-        raise Fail(f"already running (pid {current['pid']} on {current.get('url')}); "
-                   "run `scripts/serve.sh stop` first")
+    launch.refuse_if_running(files)  # before the build, so a second start fails at once
     t0 = time.monotonic()
     engine = build.build(series)
     path = model_path(cfg)

@@ -224,13 +224,14 @@ def first_token_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _row(check: str, prompt: int, a_ids, b_ids, note: str = "") -> dict:
+def _row(check: str, prompt: int, a_ids, b_ids) -> dict:
     at = first_token_difference(a_ids, b_ids)
-    detail = note
-    if at is not None:
-        got = lambda ids: ids[at] if at < len(ids) else "end"  # noqa: E731
-        detail = f"token {at}: {got(a_ids)} != {got(b_ids)}"
-    return {"check": check, "prompt": prompt, "equal": at is None, "detail": detail or f"{len(a_ids)} reply tokens"}
+    if at is None:
+        detail = f"{len(a_ids)} reply tokens"
+    else:
+        a, b = (ids[at] if at < len(ids) else "end" for ids in (a_ids, b_ids))
+        detail = f"token {at}: {a} != {b}"
+    return {"check": check, "prompt": prompt, "equal": at is None, "detail": detail}
 
 
 def check_probes(a: dict, b: dict, check: str) -> list[dict]:

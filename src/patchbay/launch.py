@@ -127,11 +127,15 @@ def first_streamed_token(url: str, model: str, timeout: float = 10.0) -> bool:
     return False
 
 
-def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progress=print) -> dict:
+def refuse_if_running(files: RunFiles) -> None:
     current = running(files)
     if current:
         raise LaunchError(f"already running (pid {current['pid']} on {current.get('url')}); "
                           "run `scripts/serve.sh stop` first")
+
+
+def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progress=print) -> dict:
+    refuse_if_running(files)
     if not port_free(cfg.host, cfg.port):
         raise LaunchError(f"port {cfg.port} on {cfg.host} is in use by another process; stop it or set "
                           f"PORT= in {cfg.source}")

@@ -11,7 +11,7 @@ from .cli import Fail, _config, _series, generated, model_path
 
 
 def cmd_exact(args) -> int:
-    from . import build, exact, series
+    from . import build, exact
     from .launch import engine_env
 
     if not (args.pristine or args.knob or args.batched):
@@ -20,10 +20,8 @@ def cmd_exact(args) -> int:
         raise Fail("--knob and --batched check a live server: give --url", 2)
     rows = []
     if args.pristine:
-        loaded, problems = series.load(Path(args.series)) if args.series else (_series(), [])
-        if problems:
-            raise Fail("\n".join(map(str, problems)))
-        model = args.model_dir or model_path(_config(argparse.Namespace(config=None)))
+        loaded = _load_series(args.series)
+        model = _default_model(args.model_dir)
         patched = exact.probe_engine(engine_env(build.build(loaded, progress=lambda *_: None), {}), model)
         pristine = exact.probe_engine(engine_env(build.build(None, progress=lambda *_: None), {}), model)
         rows += exact.check_probes(patched, pristine, "knobs unset == pristine")
@@ -42,7 +40,7 @@ def cmd_exact(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from . import build, exact, series
+    from . import build, exact
     from .knobs import validate_settings
     from .launch import engine_env
 
@@ -53,16 +51,14 @@ def cmd_score(args) -> int:
             if knobs:
                 raise Fail(f"--{name}-knob: the pristine build has no knobs", 2)
         else:
-            loaded, problems = series.load(Path(series_dir)) if series_dir else (_series(), [])
-            if problems:
-                raise Fail("\n".join(map(str, problems)))
+            loaded = _load_series(series_dir)
             errors = validate_settings(loaded.knobs(), knobs, f"--{name}-knob")
             if errors:
                 raise Fail("\n".join(errors), 2)
         engine = build.build(loaded, progress=lambda *_: None)
         return exact.score_engine(engine_env(engine, knobs), model)
 
-    model = args.model_dir or model_path(_config(argparse.Namespace(config=None)))
+    model = _default_model(args.model_dir)
     rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
     print("text  tokens  mean |Δ logprob|  max |Δ logprob|")
     for r in rows:
@@ -73,16 +69,29 @@ def cmd_score(args) -> int:
     return 0
 
 
+def _load_series(folder: str | None):
+    """The series in `folder`, or the project's own when none is given; problems end the verb."""
+    from . import series
+
+    if not folder:
+        return _series()
+    loaded, problems = series.load(Path(folder))
+    if problems:
+        raise Fail("\n".join(map(str, problems)))
+    return loaded
+
+
+def _default_model(model_dir: str | None) -> str:
+    return model_dir or model_path(_config(argparse.Namespace(config=None)))
+
+
 def _served_model(url: str) -> str:
-    import httpx
+    from . import bench
 
     try:
-        data = httpx.get(f"{url}/v1/models", timeout=30).json().get("data") or []
-    except (httpx.HTTPError, ValueError):
-        data = []
-    if not data:
-        raise Fail(f"{url}/v1/models names no model; pass --model", 2)
-    return data[0]["id"]
+        return bench.server_info(url, None)["model"]
+    except bench.BenchError as e:
+        raise Fail(str(e), e.code) from None
 
 
 def _int_list(text: str, what: str) -> list[int]:
