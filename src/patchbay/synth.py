@@ -68,18 +68,27 @@ CHAT_TEMPLATE = r"""{#- patchbay's GLM-4.5-style chat template -#}
       ~ 'Write string values as they are and any other value as JSON.' -}}
 {%- endif -%}
 
+{#- Thinking of past assistant turns is kept only after the last user message (GLM's
+    interleaved thinking), or for every turn when clear_thinking is false. -#}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- set keep_all = clear_thinking is defined and not clear_thinking -%}
+
 {%- for m in messages -%}
   {%- if m.role == 'system' or m.role == 'user' -%}
     {{- '<|' ~ m.role ~ '|>\n' ~ text(m.content) -}}
   {%- elif m.role == 'assistant' -%}
-    {{- '<|assistant|>\n' -}}
-    {%- if m.reasoning_content -%}{{ '<think>' ~ m.reasoning_content ~ '</think>\n' }}{%- endif -%}
+    {{- '<|assistant|>' -}}
+    {%- if m.reasoning_content and (keep_all or loop.index0 > ns.last_user) -%}
+      {{- '\n<think>' ~ m.reasoning_content ~ '</think>' -}}
+    {%- else -%}
+      {{- '\n<think></think>' -}}
+    {%- endif -%}
     {%- set body = text(m.content) -%}
-    {{- body -}}
+    {%- if body -%}{{ '\n' ~ body }}{%- endif -%}
     {%- for call in m.tool_calls or [] -%}
       {%- set f = call.function if call.function is defined else call -%}
-      {{- '\n' if body or not loop.first else '' -}}
-      {{- '<tool_call>' ~ f.name ~ '\n' -}}
+      {{- '\n<tool_call>' ~ f.name ~ '\n' -}}
       {%- if f.arguments is mapping -%}
         {%- for k, v in f.arguments.items() -%}
           {{- '<arg_key>' ~ k ~ '</arg_key>\n<arg_value>' ~ value(v) ~ '</arg_value>\n' -}}
@@ -258,8 +267,13 @@ def build_air12(device: str | torch.device = "cuda", seed: int = 0) -> Glm4MoeFo
     return model.eval()
 
 
+def template_sha256() -> str:
+    return hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
+
+
 def _marker(seed: int, corpus_sha256: str, params: int) -> dict:
-    return {"model": TINY, "seed": seed, "corpus_sha256": corpus_sha256, "params": params}
+    return {"model": TINY, "seed": seed, "corpus_sha256": corpus_sha256, "params": params,
+            "template_sha256": template_sha256()}
 
 
 def read_marker(path: Path) -> dict | None:
@@ -309,7 +323,8 @@ def write_tiny(out_dir: str | os.PathLike, seed: int = 0) -> Path:
             f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
             f"(no {MARKER}); pass a new or empty directory"
         )
-    if marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]:
+    if (marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]
+            and marker.get("template_sha256") == template_sha256()):
         return out
     # Build next to the target, then move files in with the marker last: an interrupted write
     # leaves no marker, so it can never be mistaken for a finished checkpoint.
