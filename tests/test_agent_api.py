@@ -278,3 +278,42 @@ def test_forced_decoding_off_refuses_the_field(server_on):
                    json={"model": server_on.model, "messages": USER, "pb_forced": {"text": "x"}})
     assert r.status_code == 422
     assert httpx.get(f"{server_on.url}/pb/forced").status_code == 404
+
+
+# ---- 0120 PB_REASONING_FIELD ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy,fields", [
+    ("reasoning_content", {"reasoning_content"}),
+    ("reasoning", {"reasoning"}),
+    ("both", {"reasoning_content", "reasoning"}),
+])
+def test_reasoning_field_policy(agent, policy, fields):
+    body = {"model": agent.model, "messages": USER, "max_tokens": 120, "tools": [WEATHER],
+            **forced(PB_REASONING_FIELD=policy)}
+    message = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert {k for k in ("reasoning_content", "reasoning") if k in message} == fields
+    assert all(message[k] == "The user wants the weather." for k in fields)
+    with httpx.stream("POST", f"{agent.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.iter_lines()
+                  if line.startswith("data: {") and '"choices":[{' in line]
+    assert {k for d in deltas for k in ("reasoning_content", "reasoning") if k in d} == fields
+
+
+def test_usage_counts_reasoning_and_cached_tokens(agent):
+    r = chat(agent, tools=[WEATHER], extra_body=forced())
+    details = r.usage.completion_tokens_details
+    think = len(AutoTokenizer_for(agent).encode("\n<think>The user wants the weather.</think>",
+                                                add_special_tokens=False))
+    assert 0 < details.reasoning_tokens <= think + 1
+    long = [{"role": "user", "content": "Tell me about patches. " * 40}]
+    chat(agent, messages=long, max_tokens=2)
+    again = chat(agent, messages=long, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+
+
+def AutoTokenizer_for(server):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server.model)
