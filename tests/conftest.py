@@ -53,8 +53,8 @@ def tiny_model() -> str:
 
 
 class Server:
-    def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path):
-        self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir))
+    def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path, **settings):
+        self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir), **settings)
         self.files = launch.RunFiles(run_dir)
         self.model = model
         self.engine = engine
