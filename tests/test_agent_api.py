@@ -317,3 +317,140 @@ def AutoTokenizer_for(server):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(server.model)
+
+
+# ---- 0130 PB_STRUCTURED_OUTPUT --------------------------------------------------------------
+
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "pop", "kind"],
+        "properties": {"city": {"type": "string", "maxLength": 12}, "pop": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 99},
+                       "kind": {"enum": ["town", "city"]}}}
+ASK = [{"role": "user", "content": "Give me a city."}]
+
+
+def schema_format(schema=CITY) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+
+
+def valid_city(text: str) -> dict:
+    value = json.loads(text)
+    assert set(value) == {"city", "pop", "kind"} and isinstance(value["city"], str) and len(value["city"]) <= 12
+    assert isinstance(value["pop"], int) and 0 <= value["pop"] <= 99 and value["kind"] in ("town", "city")
+    return value
+
+
+def test_json_schema_replies_follow_the_schema(agent):
+    r = chat(agent, messages=ASK, max_tokens=60, response_format=schema_format())
+    valid_city(r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       chat(agent, messages=ASK, max_tokens=60, response_format=schema_format(), stream=True)
+                       if c.choices)
+    assert streamed == r.choices[0].message.content
+    # vLLM's spellings of the same constraint give the same reply.
+    for extra in ({"guided_json": CITY}, {"structured_outputs": {"json": CITY}}):
+        assert text_of(chat(agent, messages=ASK, max_tokens=60, extra_body=extra)) == text_of(r)
+
+
+def test_a_constrained_reply_is_the_same_alone_or_beside_three_others(agent):
+    alone = text_of(chat(agent, messages=ASK, max_tokens=60, response_format=schema_format()))
+    with ThreadPoolExecutor(4) as pool:
+        mine = pool.submit(chat, agent, messages=ASK, max_tokens=60, response_format=schema_format())
+        others = [pool.submit(chat, agent, max_tokens=60, temperature=1.0) for _ in range(3)]
+        assert text_of(mine.result()) == alone
+        [o.result() for o in others]
+
+
+def test_other_constraint_kinds(agent):
+    close = {str(agent_token_id(agent, "}")): 10}  # a nudge to close the object early
+    obj = chat(agent, messages=ASK, max_tokens=60, response_format={"type": "json_object"}, logit_bias=close)
+    assert isinstance(json.loads(text_of(obj)), dict)
+    assert text_of(chat(agent, messages=ASK, max_tokens=10, extra_body={"guided_choice": ["yes", "no"]})) in ("yes",
+                                                                                                          "no")
+    regex = text_of(chat(agent, messages=ASK, max_tokens=20, extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}))
+    assert len(regex) == 6 and regex[:3].isdigit() and regex[3] == "-" and regex[4:].isalpha()
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+     "schema keyword 'uniqueItems' at $.properties.tags cannot be enforced"),
+    ({"not": {"type": "string"}}, "schema keyword 'not' at $ cannot be enforced"),
+    ({"type": "string", "format": "credit-card"}, "format 'credit-card' at $ cannot be enforced"),
+    ({"type": "number", "multipleOf": 0.5}, "schema keyword 'multipleOf' at $ cannot be enforced"),
+])
+def test_unenforceable_schemas_are_refused_by_name(agent, schema, needle):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(agent, messages=ASK, response_format=schema_format(schema))
+    assert needle in e.value.body["message"]
+
+
+def test_bad_constraints_are_400s(agent):
+    for extra, needle in [({"guided_json": CITY, "response_format": {"type": "json_object"}}, "give one"),
+                          ({"guided_regex": "[unclosed"}, "could not be compiled"),
+                          ({"response_format": {"type": "yaml"}}, "response_format.type must be")]:
+        r = httpx.post(f"{agent.url}/v1/chat/completions", timeout=60,
+                       json={"model": agent.model, "messages": ASK, "max_tokens": 5, **extra})
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_structured_output_knob_off_is_upstream(agent):
+    body = {"response_format": schema_format(), "pb_knobs": {"PB_STRUCTURED_OUTPUT": 0}}
+    text = text_of(chat(agent, messages=ASK, max_tokens=20, extra_body=body))
+    with pytest.raises(ValueError):
+        json.loads(text)  # upstream ignores response_format
+
+
+# ---- 0140 PB_TOOL_CHOICE --------------------------------------------------------------------
+
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+BOUNDED = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city", "days"],
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+
+
+def calls(r) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls or []]
+
+
+def tool_chat(agent, **kw):
+    # The random model would think forever; with thinking off the grammar applies at once.
+    return chat(agent, tools=[BOUNDED, NOW], reasoning_effort="none", max_tokens=80, **kw)
+
+
+def test_tool_choice_required_and_named_are_enforced(agent):
+    required = calls(tool_chat(agent, tool_choice="required"))
+    assert required and all(name in ("weather", "now") for name, _ in required)
+    named = tool_chat(agent, tool_choice={"type": "function", "function": {"name": "weather"}})
+    ((name, args),) = calls(named)
+    assert name == "weather" and named.choices[0].finish_reason == "tool_calls"
+    assert isinstance(args["city"], str) and 1 <= args["days"] <= 7
+    assert calls(tool_chat(agent, tool_choice={"type": "function", "function": {"name": "now"}})) == [("now", {})]
+    single = tool_chat(agent, tool_choice="required", parallel_tool_calls=False)
+    assert len(calls(single)) == 1 and single.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_forbids_calls(agent):
+    opener = {str(agent_token_id(agent, "<tool_call>")): 100}
+    assert calls(tool_chat(agent, logit_bias=opener))  # the nudge alone makes a call (auto)
+    r = tool_chat(agent, logit_bias=opener, tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" not in (r.choices[0].message.content or "")
+
+
+def test_bad_tool_choices_are_400s(agent):
+    for kw, needle in [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "names 'nope', which is not among"),
+        ({"tool_choice": "sometimes"}, "tool_choice must be none, auto, required"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            tool_chat(agent, **kw)
+        assert needle in e.value.body["message"]
+    loose = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "array", "uniqueItems": True}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(agent, tools=[loose], tool_choice="required")
+    assert "tools[f].parameters: schema keyword 'uniqueItems' at $.properties.x" in e.value.body["message"]
+
+
+def test_tool_choice_knob_off_is_upstream(agent):
+    r = tool_chat(agent, tool_choice="required", extra_body={"pb_knobs": {"PB_TOOL_CHOICE": 0}})
+    assert r.choices[0].message.tool_calls is None  # upstream does not enforce it

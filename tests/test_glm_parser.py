@@ -5,12 +5,11 @@ own: they import nothing else of transformers, so no model or server is needed. 
 runs twice: the whole reply at once, and fed one character at a time as a stream would.
 """
 
-import importlib
-import importlib.util
 import json
-import sys
 
 import pytest
+
+from .conftest import engine_module
 
 pytestmark = pytest.mark.engine
 
@@ -36,13 +35,7 @@ TOOLS = [WEATHER, {"type": "function", "function": {"name": "now", "parameters":
 
 @pytest.fixture(scope="module")
 def glm(patched_engine):
-    pb_dir = patched_engine.site / "transformers" / "_pb"
-    spec = importlib.util.spec_from_file_location("pb_engine_pb", pb_dir / "__init__.py",
-                                                  submodule_search_locations=[str(pb_dir)])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["pb_engine_pb"] = package
-    spec.loader.exec_module(package)
-    return importlib.import_module("pb_engine_pb.glm_parser")
+    return engine_module(patched_engine, "glm_parser")
 
 
 def both_ways(glm, text, truncated=False, in_reasoning=False):
