@@ -10,6 +10,7 @@ therefore (a) the greedy token ids of every exactness prompt through the HTTP AP
 
 import dataclasses
 import os
+import signal
 import subprocess
 import time
 
@@ -159,3 +160,38 @@ def test_engine_refuses_bad_tp_env_in_one_line(patched_engine, tiny_model, env, 
 def test_bad_tp_config_is_one_line(tmp_path):
     cfg = write_config(tmp_path, port=free_port(), tp=2, run_dir=str(tmp_path / "run"))
     assert_one_line_error(patchbay("start", "--config", cfg), 2, "TP=2 needs PB_TENSOR_PARALLEL=1")
+
+
+def test_hung_rank1_fails_requests_in_flight_and_answers_503(tmp_path, patched_engine, tiny_model):
+    """A peer that hangs (SIGSTOP) closes no socket: only the heartbeat's timeout can notice it. The
+    stream in flight ends with an error, health and new requests answer 503 within 5 s; once the
+    peer runs again it finds rank 0 gone from the heartbeat and exits on its own."""
+    cfg = tp_config(tmp_path / "run")
+    files = launch.RunFiles(cfg.run_path)
+    info = launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    follower = info["ranks"][1]["pid"]
+    try:
+        body = {"model": tiny_model, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                "max_tokens": 4000, "stream": True}
+        with httpx.stream("POST", f"{cfg.url}/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # the stream is under way
+            os.kill(follower, signal.SIGSTOP)
+            hung = time.monotonic()
+            rest = list(lines)  # must end, not hang (the client's read timeout is 30 s)
+        ended = time.monotonic() - hung
+        assert ended < 5, f"the stream in flight ran on {ended:.1f}s after rank 1 hung"
+        assert any("error" in line for line in rest), rest[-3:]
+        while time.monotonic() - hung < 5 and "tp_peer_lost" not in httpx.get(f"{cfg.url}/health").text:
+            time.sleep(0.1)
+        r = httpx.get(f"{cfg.url}/health")
+        assert r.status_code == 503 and "tp_peer_lost" in r.text, f"{time.monotonic() - hung:.1f}s: {r.text}"
+        print(f"rank 1 hung: stream ended after {ended:.2f}s, health 503 after {time.monotonic() - hung:.2f}s")
+        os.kill(follower, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and launch._alive(follower):
+            time.sleep(0.2)
+        assert not launch._alive(follower), "rank 1 outlived rank 0's heartbeat"
+        assert "rank 0 is gone" in files.rank_log(1).read_text()
+    finally:
+        launch.stop(files)

@@ -220,6 +220,7 @@ def stop(files: RunFiles, grace: float = 15.0) -> list[int]:
         for pid in pids:
             try:
                 os.killpg(pid, sig)
+                os.killpg(pid, signal.SIGCONT)  # a stopped (SIGSTOP) rank acts on SIGTERM only once resumed
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
