@@ -195,3 +195,11 @@ def test_hung_rank1_fails_requests_in_flight_and_answers_503(tmp_path, patched_e
         assert "rank 0 is gone" in files.rank_log(1).read_text()
     finally:
         launch.stop(files)
+
+
+@pytest.mark.parametrize("path", ["/v1/systemone", "/reset", "/load_model"])
+def test_rank0_only_routes_answer_501_and_leave_the_pair_serving(tp_server, tiny_model, path):
+    """These would run or reload the model on rank 0 alone; rank 1 would never join: refused."""
+    r = httpx.post(f"{tp_server.url}{path}", json={"model": tiny_model, "messages": [], "input": "x"}, timeout=10)
+    assert r.status_code == 501 and "not available with tensor parallelism" in r.text
+    assert launch.first_streamed_token(tp_server.url, tiny_model)
