@@ -34,6 +34,8 @@ class Config:
     synth_seed: int = 0
     ready_timeout: int = 600  # seconds for the first streamed token after start
     engine_args: str = ""  # extra `transformers serve` flags, space-separated
+    tp: int = 1  # tensor-parallel ranks; > 1 needs PB_TENSOR_PARALLEL=1 (local: all ranks on this machine)
+    rdzv_port: int = 29500  # torch.distributed rendezvous port on rank 0's host (MASTER_PORT)
     run_dir: str = ".run"  # pid, log and state of the running server (relative to the repo)
     knobs: dict = field(default_factory=dict)  # PB_* name -> raw value
     source: str = "defaults"
@@ -51,6 +53,17 @@ class Config:
                 raise ConfigError(f"{where}: HOST={self.host} is not an IP address (e.g. 127.0.0.1)") from None
         if self.ready_timeout < 1:
             raise ConfigError(f"{where}: READY_TIMEOUT={self.ready_timeout} must be at least 1 (seconds)")
+        if not 1 <= self.tp <= 8:
+            raise ConfigError(f"{where}: TP={self.tp} is out of range (allowed: 1-8)")
+        if not 1 <= self.rdzv_port <= 65535 or self.rdzv_port == self.port:
+            raise ConfigError(f"{where}: RDZV_PORT={self.rdzv_port} must be a port (1-65535) other than PORT")
+        tp_knob = self.knobs.get("PB_TENSOR_PARALLEL", "0") == "1"
+        if self.tp > 1 and not tp_knob:
+            raise ConfigError(f"{where}: TP={self.tp} needs PB_TENSOR_PARALLEL=1 (the engine's tensor-parallel patch)")
+        if tp_knob and self.tp == 1:
+            raise ConfigError(f"{where}: PB_TENSOR_PARALLEL=1 needs TP=2 or more (or unset the knob)")
+        if self.tp > 1 and not self.continuous_batching:
+            raise ConfigError(f"{where}: TP={self.tp} needs CONTINUOUS_BATCHING=1 (ranks > 0 follow rank 0's batches)")
         if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
             raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
                               "folder (an absolute path, or one starting with ./)")
