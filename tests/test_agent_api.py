@@ -95,6 +95,14 @@ def test_parser_off_is_upstream(agent):
     assert "weather" in message.content and "0042" in message.content  # the call stays text
 
 
+def test_end_of_turn_tokens_are_never_text(agent):
+    # With the parser off too (a non-GLM model), the token that ends the turn is not content.
+    body = forced("Plain words.", PB_GLM_PARSER=0)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(agent, stream=True, extra_body=body)
+                       if c.choices)
+    assert streamed == text_of(chat(agent, extra_body=body)) == "Plain words."
+
+
 def test_a_call_cut_by_max_tokens_is_dropped(agent):
     whole = chat(agent, tools=[WEATHER], extra_body=forced())
     cut = whole.usage.completion_tokens - 6  # inside the last argument

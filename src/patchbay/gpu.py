@@ -29,7 +29,9 @@ AIR12 = "synthetic:air12"
 CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic==2.14.4",
            "pydantic_core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
            "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1", "opentelemetry-api==1.45.2",
-           "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5"]
+           "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5",
+           # structured output (0130); the device's own triton serves xgrammar
+           "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 
@@ -134,6 +136,32 @@ def exact_job(out: Path) -> int:
     return 1 if diffs else 0
 
 
+def agent_job(out: Path, cuda_graphs: bool, ab_args: list[str]) -> int:
+    """The agent API's device-dependent checks on air12 (gpu_agent), and without CUDA graphs the
+    cost of patchbay's reply path: `patchbay ab` with every path knob off (A) against on (B)."""
+    from . import gpu_agent
+    from .cli import main as patchbay_main
+
+    out.mkdir(parents=True, exist_ok=True)
+    part = "cuda-graphs" if cuda_graphs else "no-graphs"
+    results = {}
+
+    def job(url):
+        results[part] = gpu_agent.checks(url, AIR12, cuda_graphs)
+        if cuda_graphs or not ab_args:
+            return 0
+        off = json.dumps({k: 0 for k in gpu_agent.PATH_KNOBS})
+        on = json.dumps({k: 1 for k in gpu_agent.PATH_KNOBS})
+        return patchbay_main(["ab", "--url", url, "--model", AIR12, "--a-json", off, "--b-json", on,
+                              "--results-dir", str(out), "--window", "agent-path", *ab_args])
+
+    env = {**os.environ, **gpu_agent.KNOBS}
+    code = with_server(cuda_graphs, 8120, job, log=out / f"server-{part}.log", env=env)
+    ok = gpu_agent.write_report(out, results) if results else False
+    (out / f"agent-{part}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return code or (0 if ok else 1)
+
+
 def assemble(results_dir: Path, slug: str, parts: list[tuple[str, Path, str]], exact_json: Path | None,
              title: str) -> Path:
     """One window from several `ab` windows run on the GPU (one per server setting) and an exact
@@ -210,6 +238,10 @@ def main(argv: list[str]) -> int:
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
     x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
     x.add_argument("--out", required=True)
+    g = sub.add_parser("agent", help="the agent API's device checks on air12 (and, without graphs, its cost)")
+    g.add_argument("--out", required=True)
+    g.add_argument("--cuda-graphs", action="store_true")
+    g.add_argument("ab_args", nargs=argparse.REMAINDER, help="`patchbay ab` flags for the cost A/B (after --)")
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
     args = p.parse_args(argv)
@@ -233,6 +265,8 @@ def main(argv: list[str]) -> int:
                            compile=args.compile)
     if args.verb == "exact":
         return exact_job(Path(args.out))
+    if args.verb == "agent":
+        return agent_job(Path(args.out), args.cuda_graphs, [a for a in args.ab_args if a != "--"])
     serve = serve_air12(args.port, args.cuda_graphs, args.seed, compile=args.compile)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
