@@ -444,6 +444,14 @@ def test_tool_choice_none_forbids_calls(agent):
     assert r.choices[0].message.tool_calls is None and "<tool_call>" not in (r.choices[0].message.content or "")
 
 
+def test_a_strict_tool_is_constrained_wherever_it_is_called(agent):
+    opener = {str(agent_token_id(agent, "<tool_call>")): 100}  # make the model open a call (auto)
+    strict = {"type": "function", "function": {**BOUNDED["function"], "strict": True}}
+    r = chat(agent, tools=[strict], reasoning_effort="none", max_tokens=80, logit_bias=opener)
+    ((name, args),) = calls(r)[:1]
+    assert name == "weather" and isinstance(args["city"], str) and 1 <= args["days"] <= 7
+
+
 def test_bad_tool_choices_are_400s(agent):
     for kw, needle in [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "names 'nope', which is not among"),
