@@ -136,18 +136,18 @@ def exact_job(out: Path) -> int:
     return 1 if diffs else 0
 
 
-def agent_job(out: Path, cuda_graphs: bool, ab_args: list[str]) -> int:
+def agent_job(out: Path, cuda_graphs: bool, ab_args: list[str], graph_sampling: bool = False) -> int:
     """The agent API's device-dependent checks on air12 (gpu_agent), and without CUDA graphs the
     cost of patchbay's reply path: `patchbay ab` with every path knob off (A) against on (B)."""
     from . import gpu_agent
     from .cli import main as patchbay_main
 
     out.mkdir(parents=True, exist_ok=True)
-    part = "cuda-graphs" if cuda_graphs else "no-graphs"
+    part = ("cuda-graphs" if cuda_graphs else "no-graphs") + ("+graph-sampling" if graph_sampling else "")
     results = {}
 
     def job(url):
-        results[part] = gpu_agent.checks(url, AIR12, cuda_graphs)
+        results[part] = gpu_agent.checks(url, AIR12, cuda_graphs, graph_sampling)
         if cuda_graphs or not ab_args:
             return 0
         off = json.dumps({k: 0 for k in gpu_agent.PATH_KNOBS})
@@ -155,7 +155,7 @@ def agent_job(out: Path, cuda_graphs: bool, ab_args: list[str]) -> int:
         return patchbay_main(["ab", "--url", url, "--model", AIR12, "--a-json", off, "--b-json", on,
                               "--results-dir", str(out), "--window", "agent-path", *ab_args])
 
-    env = {**os.environ, **gpu_agent.KNOBS}
+    env = {**os.environ, **gpu_agent.KNOBS, **({"PB_GRAPH_SAMPLING": "1"} if graph_sampling else {})}
     code = with_server(cuda_graphs, 8120, job, log=out / f"server-{part}.log", env=env)
     ok = gpu_agent.write_report(out, results) if results else False
     (out / f"agent-{part}.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -241,6 +241,7 @@ def main(argv: list[str]) -> int:
     g = sub.add_parser("agent", help="the agent API's device checks on air12 (and, without graphs, its cost)")
     g.add_argument("--out", required=True)
     g.add_argument("--cuda-graphs", action="store_true")
+    g.add_argument("--graph-sampling", action="store_true", help="PB_GRAPH_SAMPLING=1 (0210)")
     g.add_argument("ab_args", nargs=argparse.REMAINDER, help="`patchbay ab` flags for the cost A/B (after --)")
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
@@ -266,7 +267,8 @@ def main(argv: list[str]) -> int:
     if args.verb == "exact":
         return exact_job(Path(args.out))
     if args.verb == "agent":
-        return agent_job(Path(args.out), args.cuda_graphs, [a for a in args.ab_args if a != "--"])
+        return agent_job(Path(args.out), args.cuda_graphs, [a for a in args.ab_args if a != "--"],
+                         args.graph_sampling)
     serve = serve_air12(args.port, args.cuda_graphs, args.seed, compile=args.compile)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
