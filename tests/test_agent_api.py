@@ -251,6 +251,9 @@ def test_penalties_discourage_repeats(agent):
     ({"functions": [{"name": "f"}]}, "unsupported field(s): functions"),
     ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be"),
+    ({"max_tokens": 0}, "max_tokens=0 is not valid"),
+    ({"max_tokens": "many"}, "max_tokens='many' is not valid"),
+    ({"structured_outputs": ["json"]}, "structured_outputs must be an object"),
 ])
 def test_bad_sampling_fields_are_400s_naming_them(agent, extra, needle):
     r = httpx.post(f"{agent.url}/v1/chat/completions", timeout=60,
