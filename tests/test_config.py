@@ -97,7 +97,7 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     ("CONTINUOUS_BATCHING=yes", "CONTINUOUS_BATCHING=yes is not a valid value (allowed: 0, 1)"),
     ("HOST=not-an-ip", "HOST=not-an-ip is not an IP address"),
     ("MODEL=relative/path", "MODEL=relative/path must be synthetic:tiny or a local checkpoint folder"),
-    ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local)"),
+    ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local, docker)"),
     ("READY_TIMEOUT=0", "READY_TIMEOUT=0 must be at least 1"),
     ("SYNTH_SEED=", "SYNTH_SEED= is not an integer"),
 ])
