@@ -168,7 +168,7 @@ def cmd_start(args) -> int:
     if cfg.runtime == "docker":
         from . import docker_cli
 
-        return docker_cli.start(cfg, _series(), model_path(cfg))
+        return docker_cli.start(cfg, _series(), docker_cli._model(cfg))
     series = _series()
     errors = validate_settings(series.knobs(), cfg.knobs, cfg.source)
     if errors:

@@ -52,9 +52,13 @@ def build(cfg: Config, series, args) -> int:
 
 
 def _model(cfg: Config) -> str:
+    """The checkpoint path on every node (the synthetic model is written here first); whether it
+    exists on each node is preflight's to say."""
     from .cli import model_path
 
-    return model_path(cfg)
+    if cfg.model == "synthetic:tiny":
+        return model_path(cfg)
+    return str(Path(cfg.model).resolve())
 
 
 def preflight(cfg: Config) -> int:

@@ -15,7 +15,7 @@ from .config import Config
 from .image import LABEL, image_tag
 from .launch import LaunchError, first_streamed_token, health
 from .nodes import Node, NodeError, nodes
-from .preflight import rank_knobs
+from .preflight import model_mount, rank_knobs
 
 
 @dataclass
@@ -120,7 +120,7 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
             r.container = r.client.containers.run(
                 tag, rank_command(cfg, model_path), name=container_name(cfg, r.node.rank), detach=True,
                 network_mode="host", environment=rank_env(cfg, r.node.rank), ipc_mode="host",
-                volumes={model_path: {"bind": model_path, "mode": "ro"}},
+                mounts=[model_mount(model_path)],
                 labels={f"{LABEL}.pair": cfg.pair, f"{LABEL}.rank": str(r.node.rank),
                         f"{LABEL}.info": json.dumps(info), f"{LABEL}.config-text": config_text},
                 **kwargs)

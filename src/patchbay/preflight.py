@@ -69,15 +69,16 @@ def knob_rows(cfg: Config, image, build_id: str) -> list[Row]:
 def run_probe(client, tag: str, name: str, spec: dict, model_path: str | None, detach: bool = False):
     """Run patchbay.probe in a throwaway container on the node's host network."""
     import docker.errors
+    import docker.types
 
     try:
         client.containers.get(name).remove(force=True)
     except docker.errors.NotFound:
         pass
-    volumes = {MANIFEST_VOLUME: {"bind": MANIFEST_DIR, "mode": "rw"}}
+    mounts = [docker.types.Mount(MANIFEST_DIR, MANIFEST_VOLUME, type="volume")]
     if model_path:
-        volumes[model_path] = {"bind": model_path, "mode": "ro"}
-    kwargs = dict(name=name, network_mode="host", volumes=volumes, labels={f"{LABEL}.probe": "1"})
+        mounts.append(model_mount(model_path))
+    kwargs = dict(name=name, network_mode="host", mounts=mounts, labels={f"{LABEL}.probe": "1"})
     cmd = ["python3", "-m", "patchbay.probe", json.dumps(spec)]
     if detach:
         return client.containers.run(tag, cmd, detach=True, remove=True, **kwargs)
@@ -85,7 +86,23 @@ def run_probe(client, tag: str, name: str, spec: dict, model_path: str | None, d
         out = client.containers.run(tag, cmd, remove=True, stderr=True, **kwargs)
     except docker.errors.ContainerError as e:
         raise NodeError(f"the preflight probe failed on the node: {(e.stderr or b'').decode()[-300:]}") from None
+    except docker.errors.APIError as e:
+        if model_path and "bind source path does not exist" in str(e):
+            # The checkpoint folder is missing on this node: probe the rest, report the model.
+            spec = {k: v for k, v in spec.items() if k != "model"}
+            result = run_probe(client, tag, name, spec, None)
+            result["model"] = [False, f"{model_path} does not exist on this node", {}]
+            return result
+        raise
     return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def model_mount(model_path: str):
+    """The checkpoint, read-only at the same path; a bind mount (unlike -v) never creates a
+    missing folder on the node."""
+    import docker.types
+
+    return docker.types.Mount(model_path, model_path, type="bind", read_only=True)
 
 
 FIXES = {
