@@ -97,7 +97,7 @@ def start(cfg: Config, series, model_path: str) -> int:
         first = fails[0]
         raise Fail(f"preflight failed: {first.node} {first.check}: {first.detail}; fix: {first.fix}")
     config_text = _config_text(cfg)
-    info = pair.start(cfg, build_id, model_path, config_text)
+    info = pair.start(cfg, build_id, model_path, config_text, ifnames=pf.detected_ifnames(rows))
     on = ", ".join(f"{k}={v}" for k, v in info["knobs"].items()) or "none"
     print(f"serving {model_path} on {info['url']} ({cfg.world_size} rank(s), build {build_id}, knobs on: {on}, "
           f"ready in {time.monotonic() - t0:.0f}s)")

@@ -58,13 +58,17 @@ def ranks(cfg: Config) -> list[Rank]:
     return out
 
 
-def rank_env(cfg: Config, rank: int) -> dict[str, str]:
+def rank_env(cfg: Config, rank: int, ifname: str = "") -> dict[str, str]:
+    """A rank's torch.distributed environment; ifname (the interface holding the node's address,
+    found by preflight) stands in for GLOO_IFNAME / NCCL_IFNAME left empty."""
     env = {**rank_knobs(cfg), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(cfg.world_size),
            "MASTER_ADDR": cfg.head_addr, "MASTER_PORT": str(cfg.rdzv_port)}
-    if cfg.gloo_ifname:
-        env["GLOO_SOCKET_IFNAME"] = cfg.gloo_ifname
-    if cfg.nccl_ifname:
-        env["NCCL_SOCKET_IFNAME"] = cfg.nccl_ifname
+    if cfg.world_size > 1:
+        for key, value in (("GLOO_SOCKET_IFNAME", cfg.gloo_ifname), ("NCCL_SOCKET_IFNAME", cfg.nccl_ifname)):
+            if value or ifname:
+                env[key] = value or ifname
+        # NVLink multicast stays off (the machines this runs on do not allow it).
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     return env
 
 
@@ -97,7 +101,8 @@ def _remove(rs: list[Rank]) -> list[str]:
     return removed
 
 
-def start(cfg: Config, build_id: str, model_path: str, config_text: str, progress=print) -> dict:
+def start(cfg: Config, build_id: str, model_path: str, config_text: str, progress=print,
+          ifnames: dict | None = None) -> dict:
     """Start both ranks; on any failure or a readiness timeout remove both and raise with the last
     log lines of each. Ready = a streamed token came back through the head."""
     import docker
@@ -119,7 +124,7 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
         try:
             r.container = r.client.containers.run(
                 tag, rank_command(cfg, model_path), name=container_name(cfg, r.node.rank), detach=True,
-                network_mode="host", environment=rank_env(cfg, r.node.rank), ipc_mode="host",
+                network_mode="host", environment=rank_env(cfg, r.node.rank, (ifnames or {}).get(r.node.role, "")), ipc_mode="host",
                 mounts=[model_mount(model_path)],
                 labels={f"{LABEL}.pair": cfg.pair, f"{LABEL}.rank": str(r.node.rank),
                         f"{LABEL}.info": json.dumps(info), f"{LABEL}.config-text": config_text},

@@ -109,6 +109,7 @@ FIXES = {
     "memory": "free memory on that node, or lower MIN_MEM_GIB in {source}",
     "disk": "make room (`docker image prune`, `docker system df`), or lower MIN_DISK_GIB in {source}",
     "gpu": "free the GPUs (nvidia-smi shows who holds them), or lower GPUS_PER_NODE / GPU_MIN_FREE_GIB",
+    "address": "set {key}_ADDR in {source} to an address of that node (the one the other node reaches)",
     "model": "put the checkpoint at that path on the node (the same files as on the head), or fix MODEL "
              "in {source}",
 }
@@ -123,9 +124,22 @@ def _probe_rows(node: Node, result: dict, cfg: Config) -> list[Row]:
         elif check.startswith("interface"):
             fix = f"set GLOO_IFNAME / NCCL_IFNAME in {cfg.source} to an interface of the {node.role}"
         else:
-            fix = FIXES.get(check, "").format(source=cfg.source)
+            fix = FIXES.get(check, "").format(source=cfg.source, key=node.key)
         rows.append(Row(node.role, check, ok, detail, "" if ok else fix))
     return rows
+
+
+def _ifname_detail(cfg: Config, found: str) -> str:
+    return f"{IFNAME_PREFIX}{found}" + ("" if not cfg.gloo_ifname else f" (GLOO_IFNAME={cfg.gloo_ifname} is used)")
+
+
+IFNAME_PREFIX = "the rendezvous address is on "
+
+
+def detected_ifnames(rows: list[Row]) -> dict[str, str]:
+    """role -> the interface holding that node's address, as preflight found it."""
+    return {r.node: r.detail[len(IFNAME_PREFIX):].split()[0] for r in rows
+            if r.check == "ifname" and r.detail.startswith(IFNAME_PREFIX)}
 
 
 def _reach(listener: Node, lclient, dialer: Node, dclient, tag: str, cfg: Config) -> Row:
@@ -184,6 +198,8 @@ def preflight(cfg: Config, build_id: str, model_path: str) -> list[Row]:
         spec: dict = {"mem_gib": cfg.min_mem_gib, "disk_gib": cfg.min_disk_gib,
                       "ifnames": [n for n in dict.fromkeys((cfg.gloo_ifname, cfg.nccl_ifname)) if n],
                       "model": {"path": model_path, "cache": MANIFEST_DIR}}
+        if cfg.world_size > 1:
+            spec["addr"] = node.addr
         if node.rank == 0:
             spec["ports"] = [[cfg.host, cfg.port]] + ([["0.0.0.0", cfg.rdzv_port]] if cfg.world_size > 1 else [])
         if cfg.gpus_per_node:
@@ -194,6 +210,8 @@ def preflight(cfg: Config, build_id: str, model_path: str) -> list[Row]:
             rows.append(Row(node.role, "probe", False, str(e), "read the message; the image may be broken"))
             continue
         rows += _probe_rows(node, result, cfg)
+        if result.get("address", [False])[0]:
+            rows.append(Row(node.role, "ifname", True, _ifname_detail(cfg, result["address"][2]["ifname"])))
         if result.get("model", [False])[0]:
             manifests[node.role] = result["model"][2]["manifest"]
     if len(manifests) == 2 and manifests["head"] != manifests["worker"]:

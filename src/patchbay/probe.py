@@ -2,7 +2,7 @@
 network (`python3 -m patchbay.probe SPEC_JSON`): what that node has, seen from where the rank
 will run. Standard library only; prints one JSON object.
 
-SPEC keys (each optional): mem_gib, disk_gib, ports [[host, port], ...], ifnames [...],
+SPEC keys (each optional): mem_gib, disk_gib, addr, ports [[host, port], ...], ifnames [...],
 gpus {count, min_free_gib}, model {path, cache}, connect [host, port, seconds],
 listen [port, seconds].
 """
@@ -48,6 +48,31 @@ def ifname(name: str) -> tuple[bool, str]:
     if name in present:
         return True, f"{name} exists"
     return False, f"no interface {name} (present: {', '.join(present)})"
+
+
+def addr(ip: str) -> tuple[bool, str, dict]:
+    """Whether this node holds ip, and on which interface (what gloo and nccl must use)."""
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except OSError as e:
+        return False, f"cannot list addresses ({e})", {}
+    held = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[2] in ("inet", "inet6"):
+            held.append((parts[1], parts[3].split("/")[0]))
+    for name, have in held:
+        if have == ip:
+            return True, f"{ip} is on {name}", {"ifname": name}
+    try:  # a host name: the address it resolves to
+        resolved = socket.gethostbyname(ip)
+    except OSError:
+        resolved = None
+    for name, have in held:
+        if resolved and have == resolved:
+            return True, f"{ip} ({resolved}) is on {name}", {"ifname": name}
+    shown = ", ".join(f"{a} on {n}" for n, a in held if not a.startswith("fe80")) or "none"
+    return False, f"{ip} is not an address of this node (it has: {shown})", {}
 
 
 def gpus(count: int, min_free_gib: float) -> tuple[bool, str]:
@@ -154,6 +179,8 @@ def run(spec: dict) -> dict:
         out[f"interface {name}"] = ifname(name)
     if "gpus" in spec:
         out["gpu"] = gpus(spec["gpus"]["count"], spec["gpus"]["min_free_gib"])
+    if "addr" in spec:
+        out["address"] = addr(spec["addr"])
     if "model" in spec:
         ok, detail, extra = model(spec["model"]["path"], spec["model"]["cache"])
         out["model"] = (ok, detail, extra)
