@@ -107,17 +107,6 @@ def test_base_image_is_cached_by_content(client, base):
     assert base.split(":")[1] == image.base_key(image.apt_mirror(), image.pinned("engine", "torch"))
 
 
-def test_apt_mirror_comes_from_the_hosts_sources(tmp_path):
-    (tmp_path / "sources.list.d").mkdir()
-    (tmp_path / "sources.list.d" / "x.sources").write_text(
-        "Types: deb\nURIs: http://mirror.example.invalid/debian\nSuites: bookworm bookworm-updates\n"
-        "Components: main\n")
-    assert image.apt_mirror(tmp_path) == "http://mirror.example.invalid/debian"
-    (tmp_path / "sources.list.d" / "x.sources").unlink()
-    with pytest.raises(image.ImageError, match="no apt source for `bookworm main`"):
-        image.apt_mirror(tmp_path)
-
-
 def test_image_is_labelled_and_rebuilt_only_when_the_series_changes(client, served_image, the_series, build_id):
     assert served_image == f"patchbay:{build_id}"
     assert image.build_image(client, the_series, progress=lambda *_: None) == (served_image, False)
@@ -127,6 +116,7 @@ def test_image_is_labelled_and_rebuilt_only_when_the_series_changes(client, serv
     assert json.loads(labels["org.patchbay.patches"]) == [p.path.name for p in the_series.patches]
     assert set(json.loads(labels["org.patchbay.knobs"])["knobs"]) == {k.name for k in the_series.knobs()}
     assert labels["org.patchbay.commit"]
+    assert labels["org.patchbay.recipe"] == image.recipe_hash()  # patchbay's own code in the image
 
 
 def test_image_keeps_the_base_torch_and_runs_the_patched_build(client, served_image, base, build_id):

@@ -34,7 +34,7 @@ IMAGE_REPO = "patchbay"
 SUITE = "bookworm"  # its python3 is 3.11, the same ABI as the host's cp311 wheels
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "git", "ca-certificates", "iproute2", "procps")
 BASE_RECIPE = 1  # bump when ensure_base changes what it makes
-LABEL = "org.patchbay"  # label prefix: .build, .upstream, .patches, .knobs, .commit
+LABEL = "org.patchbay"  # label prefix: .build, .upstream, .patches, .knobs, .commit, .recipe
 
 
 class ImageError(RuntimeError):
@@ -261,6 +261,21 @@ def image_tag(build_id: str) -> str:
     return f"{IMAGE_REPO}:{build_id}"
 
 
+def recipe_hash() -> str:
+    """A hash of what an image is made with besides the series: the Dockerfile, the pinned
+    requirements and patchbay's own source (the image runs its build and its preflight probe)."""
+    h = hashlib.sha256((DOCKER_DIR / "Dockerfile").read_bytes())
+    h.update("\n".join(serving_requirements()).encode())
+    for path in sorted((ROOT / "src" / "patchbay").glob("*.py")):
+        h.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def is_current(found, build_id: str) -> bool:
+    return found is not None and found.labels.get(f"{LABEL}.build") == build_id and \
+        found.labels.get(f"{LABEL}.recipe") == recipe_hash()
+
+
 def source_commit() -> str:
     from .gitutil import git
 
@@ -276,7 +291,20 @@ def labels(series: Series, build_id: str, lock: Lock) -> dict[str, str]:
             f"{LABEL}.upstream": f"{lock.name} {lock.version} sdist-sha256:{lock.sdist_sha256}",
             f"{LABEL}.patches": json.dumps([p.path.name for p in series.patches]),
             f"{LABEL}.knobs": json.dumps(registry, sort_keys=True, separators=(",", ":")),
-            f"{LABEL}.commit": source_commit()}
+            f"{LABEL}.commit": source_commit(), f"{LABEL}.recipe": recipe_hash()}
+
+
+def add_ca_bundle(context: Path, extra_ca: Path | None) -> None:
+    """ca/extra.crt in the context: the extra bundle, or empty (the Dockerfile then adds nothing)."""
+    (context / "ca").mkdir(exist_ok=True)
+    ca = context / "ca" / "extra.crt"
+    if extra_ca:
+        if not extra_ca.is_file() or "BEGIN CERTIFICATE" not in extra_ca.read_text(errors="replace"):
+            raise ImageError(f"EXTRA_CA_BUNDLE={extra_ca}: not a PEM certificate file (expected "
+                             "-----BEGIN CERTIFICATE----- blocks)")
+        shutil.copy(extra_ca, ca)
+    else:
+        ca.write_text("")
 
 
 def build_context(series: Series, build_id: str, lock: Lock, extra_ca: Path | None, progress=print) -> Path:
@@ -285,14 +313,7 @@ def build_context(series: Series, build_id: str, lock: Lock, extra_ca: Path | No
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
     shutil.copy(DOCKER_DIR / "Dockerfile", context / "Dockerfile")
-    (context / "ca").mkdir()
-    ca = context / "ca" / "extra.crt"
-    if extra_ca:
-        if not extra_ca.is_file() or "BEGIN CERTIFICATE" not in extra_ca.read_text(errors="replace"):
-            raise ImageError(f"EXTRA_CA_BUNDLE={extra_ca}: not a PEM certificate file")
-        shutil.copy(extra_ca, ca)
-    else:
-        ca.write_text("")
+    add_ca_bundle(context, extra_ca)
     reqs = serving_requirements()
     wheels = wheelhouse(reqs, drop=("torch", lock.name), progress=progress)
     (context / "wheelhouse").mkdir()
@@ -315,8 +336,7 @@ def build_image(client, series: Series, *, base_image: str = "", extra_ca: Path 
     lock = Lock.read()
     build_id = "pb-" + series.build_id(LOCK_PATH)
     tag = image_tag(build_id)
-    found = find_image(client, tag)
-    if found is not None and found.labels.get(f"{LABEL}.build") == build_id:
+    if is_current(find_image(client, tag), build_id):
         return tag, False
     base = base_image or ensure_base(client, progress=progress)
     if find_image(client, base) is None:
@@ -333,11 +353,6 @@ def build_image(client, series: Series, *, base_image: str = "", extra_ca: Path 
     return tag, True
 
 
-def image_build_id(client, ref: str) -> str | None:
-    found = find_image(client, ref)
-    return None if found is None else found.labels.get(f"{LABEL}.build")
-
-
 # ---- copying an image to another node -------------------------------------------------------
 
 
@@ -345,10 +360,10 @@ def copy_image(src, dst, tag: str, build_id: str, *, as_tag: str | None = None, 
     """Stream `save` on src into `load` on dst, no file in between; verified by the build label.
     Returns False when dst already had it. as_tag loads it under another name (tests, one daemon)."""
     target = as_tag or tag
-    if image_build_id(dst, target) == build_id:
+    if is_current(find_image(dst, target), build_id):
         return False
     image = find_image(src, tag)
-    if image is None or image.labels.get(f"{LABEL}.build") != build_id:
+    if not is_current(image, build_id):
         raise ImageError(f"{tag} with build {build_id} is not on the head node; run `scripts/serve.sh build`")
     size = image.attrs.get("Size", 0)
     progress(f"copying {tag} ({size / 2**30:.1f} GiB unpacked) to the worker, streamed")
@@ -365,7 +380,6 @@ def copy_image(src, dst, tag: str, build_id: str, *, as_tag: str | None = None, 
     if loaded is None:
         raise ImageError(f"loading {tag} on the worker reported no image id")
     dst.images.get(loaded).tag(*target.split(":", 1))
-    got = image_build_id(dst, target)
-    if got != build_id:
-        raise ImageError(f"{target} on the worker carries build {got}, expected {build_id}")
+    if not is_current(find_image(dst, target), build_id):
+        raise ImageError(f"{target} on the worker does not carry build {build_id} and recipe {recipe_hash()}")
     return True

@@ -178,11 +178,9 @@ def status(cfg: Config) -> tuple[int, list[tuple[str, str]], list[list[str]]]:
             continue
         r = Rank(node, client, _get(client, container_name(cfg, node.rank)))
         rs.append(r)
-        if r.container is not None:
-            info = info or json.loads(r.container.labels.get(f"{LABEL}.info", "{}"))
-        rows.append([str(node.rank), node.role, r.name, r.state,
-                     r.container.labels.get(f"{LABEL}.info", "") and info.get("build_id", "-")
-                     if r.container is not None else "-"])
+        own = json.loads(r.container.labels.get(f"{LABEL}.info", "{}")) if r.container is not None else {}
+        info = info or own
+        rows.append([str(node.rank), node.role, r.name, r.state, own.get("build_id", "-")])
     if not any(r.container is not None for r in rs):
         return 3, [], rows
     up = all(row[3] == "running" for row in rows)

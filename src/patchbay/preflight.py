@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from .config import Config
-from .image import LABEL, find_image, image_tag
+from .image import LABEL, find_image, image_tag, is_current, recipe_hash
 from .knobs import Knob, KnobError
 from .nodes import Node, NodeError, nodes
 
@@ -183,11 +183,13 @@ def preflight(cfg: Config, build_id: str, model_path: str) -> list[Row]:
         if client is None:
             continue
         found = find_image(client, tag)
-        got = found.labels.get(f"{LABEL}.build") if found is not None else None
-        ok = got == build_id
+        ok = is_current(found, build_id)
         if ok:
             images[node.role] = found
-        rows.append(Row(node.role, "image", ok, f"{tag} (build {got})" if found is not None else f"no {tag}",
+        detail = f"no {tag}" if found is None else \
+            f"{tag} (build {found.labels.get(f'{LABEL}.build')}, recipe {found.labels.get(f'{LABEL}.recipe')})"
+        rows.append(Row(node.role, "image", ok, detail + ("" if ok or found is None else
+                                                          f"; this checkout makes recipe {recipe_hash()}"),
                         "" if ok else "scripts/serve.sh build (builds on the head, copies to the worker)"))
     if "head" in images:
         rows += knob_rows(cfg, images["head"], build_id)
