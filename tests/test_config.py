@@ -1,5 +1,6 @@
 """config.load: the .env file, PATCHBAY_* overrides, one-line errors, the shipped examples."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,11 +103,18 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     ("HEAD=", "HEAD= is not a node (allowed: local, ssh://user@host)"),
     ("HEAD_ADDR=10.0.0.1 x", "HEAD_ADDR=10.0.0.1 x is not an IP address or host name"),
     ("GLOO_IFNAME=eth0;rm", "GLOO_IFNAME=eth0;rm is not a network interface name"),
-    ("RDZV_PORT=8000", "RDZV_PORT=8000 must be 1-65535 and differ from PORT"),
+    ("RUNTIME=docker\nWORKER=local", "RUNTIME=docker runs one rank per node: TP=2 with a WORKER, or TP=1 "
+     "without one (got TP=1, WORKER=local)"),
+    ("RUNTIME=docker\nTP=2\nPB_TENSOR_PARALLEL=1", "RUNTIME=docker runs one rank per node"),
     ("MIN_DISK_GIB=-1", "MIN_DISK_GIB=-1 must be 0 or more"),
     ("PAIR=My Pair", "PAIR=My Pair must be a container name prefix"),
     ("READY_TIMEOUT=0", "READY_TIMEOUT=0 must be at least 1"),
     ("SYNTH_SEED=", "SYNTH_SEED= is not an integer"),
+    ("TP=0", "TP=0 is out of range (allowed: 1-8)"),
+    ("TP=2", "TP=2 needs PB_TENSOR_PARALLEL=1"),
+    ("PB_TENSOR_PARALLEL=1", "PB_TENSOR_PARALLEL=1 needs TP=2 or more"),
+    ("TP=2\nPB_TENSOR_PARALLEL=1\nCONTINUOUS_BATCHING=0", "TP=2 needs CONTINUOUS_BATCHING=1"),
+    ("RDZV_PORT=8000\nPORT=8000", "RDZV_PORT=8000 must be a port (1-65535) other than PORT"),
 ])
 def test_bad_value_is_one_line_naming_the_key(tmp_path, line, expected):
     path = write(tmp_path, f"DEVICE=cpu\n{line}\n")
@@ -147,3 +155,19 @@ def test_inline_comments_and_strict_integers(tmp_path):
     path.write_text("PORT=8_000\n")
     with pytest.raises(config.ConfigError, match="PORT=8_000 is not an integer"):
         config.load(path, environ={})
+
+
+def test_tp_settings_and_the_rank_environment(tmp_path):
+    from patchbay.launch import NO_MULTICAST, rank_env
+
+    path = write(tmp_path, "PORT=8123\nTP=2\nRDZV_PORT=29611\nPB_TENSOR_PARALLEL=1\n")
+    cfg = config.load(path, environ={})
+    assert (cfg.tp, cfg.rdzv_port) == (2, 29611)
+    assert config.load(write(tmp_path, "PORT=8123\n", "one.env"), environ={}).tp == 1  # the default
+    env = rank_env(cfg, 1)
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29611")
+    assert NO_MULTICAST == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                            "NVSHMEM_DISABLE_NVLS": "1"}
+    assert NO_MULTICAST.items() <= env.items(), "NVLink multicast stays off on every rank"
+    assert rank_env(replace(cfg, tp=1, knobs={}), 0) == {}

@@ -75,10 +75,12 @@ def write_env(tmp_path, name="pair.env", worker="", knobs=None, **settings):
               "HEAD": "local", "WORKER": worker, "RDZV_PORT": str(free_port()), "READY_TIMEOUT": "300",
               "PAIR": f"pbtest-{os.getpid()}", "ENGINE_ARGS": "--cb-num-blocks 64 --cb-max-batch-tokens 1024",
               **settings}
-    if worker:
-        values["GLOO_IFNAME"] = "lo"
+    knobs = dict(ALL_ON if knobs is None else knobs)
+    if worker:  # one rank per node, tensor parallel over the loopback interface
+        values.update({"GLOO_IFNAME": "lo", "TP": "2"})
+        knobs["PB_TENSOR_PARALLEL"] = "1"
     lines = [f"{k}={v}" for k, v in values.items() if v != ""]
-    lines += [f"{k}={v}" for k, v in (ALL_ON if knobs is None else knobs).items()]
+    lines += [f"{k}={v}" for k, v in knobs.items()]
     path = tmp_path / name
     path.write_text("\n".join(lines) + "\n")
     return path, values

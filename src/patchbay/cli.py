@@ -192,8 +192,13 @@ def cmd_stop(args) -> int:
         from . import docker_cli
 
         return docker_cli.stop(_config(args))
-    pid = launch.stop(launch.RunFiles(_config(args).run_path))
-    print(f"stopped pid {pid}" if pid else "not running")
+    pids = launch.stop(launch.RunFiles(_config(args).run_path))
+    if not pids:
+        print("not running")
+    elif len(pids) == 1:
+        print(f"stopped pid {pids[0]}")
+    else:
+        print(f"stopped pids {', '.join(map(str, pids))} (ranks 0-{len(pids) - 1})")
     return 0
 
 
@@ -208,7 +213,13 @@ def cmd_status(args) -> int:
     if not info:
         print("not running")
         return 3
-    rows = [("url", info.get("url")), ("pid", info["pid"]), ("build", info.get("build_id")),
+    ranks = info["ranks"]
+    if len(ranks) == 1:
+        pid_rows = [("pid", info["pid"])]
+    else:
+        pid_rows = [(f"rank {r}", f"pid {v['pid']} {'alive' if v['alive'] else 'DEAD'}"
+                     + (" (HTTP)" if r == 0 else "")) for r, v in sorted(ranks.items())]
+    rows = [("url", info.get("url")), *pid_rows, ("build", info.get("build_id")),
             ("model", info.get("model")), ("config", info.get("config")),
             ("knobs on", ", ".join(f"{k}={v}" for k, v in info.get("knobs", {}).items()) or "none"),
             ("up", f"{int(time.time()) - info.get('started', int(time.time()))}s"),
@@ -226,14 +237,13 @@ def cmd_logs(args) -> int:
         from . import docker_cli
 
         return docker_cli.logs(_config(args), args.rank, args.lines, args.follow)
-    if args.rank:
-        raise Fail("logs RANK: the local runtime has one rank (0); RUNTIME=docker has two", 2)
     files = launch.RunFiles(_config(args).run_path)
-    if not files.log.is_file():
-        raise Fail("no log yet; start the server first")
-    print(launch.log_tail(files.log, args.lines))
+    log = files.rank_log(args.rank)
+    if not log.is_file():
+        raise Fail("no log yet; start the server first" if args.rank == 0 else f"no log of rank {args.rank}")
+    print(launch.log_tail(log, args.lines))
     if args.follow:
-        with files.log.open() as f:
+        with log.open() as f:
             f.seek(0, 2)
             while True:
                 line = f.readline()
@@ -284,8 +294,8 @@ def parser() -> argparse.ArgumentParser:
     measure_cli.add_verbs(verb)
     for name, fn, help in (("start", cmd_start, "build what is missing and start serving; ready = a streamed token"),
                            ("stop", cmd_stop, "stop the server"),
-                           ("status", cmd_status, "what is running: build, knobs, model, pid, health"),
-                           ("logs", cmd_logs, "show the server log (RUNTIME=docker: of rank RANK, default 0)"),
+                           ("status", cmd_status, "what is running: ranks, build, knobs, model, pid, health"),
+                           ("logs", cmd_logs, "show the server log of rank RANK (default 0)"),
                            ("preflight", lambda a: __import__("patchbay.docker_cli").docker_cli.preflight(_config(a)),
                             "RUNTIME=docker: check both nodes before a start (PASS/FAIL, each FAIL with its fix)"),
                            ("watch", lambda a: __import__("patchbay.docker_cli").docker_cli.watch(_config(a), a),
@@ -293,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
         v = verb(name, fn, help)
         v.add_argument("--config", help="config file (default: config/local.env, else config/local.env.example)")
         if name == "logs":
-            v.add_argument("rank", nargs="?", type=int, default=0)
+            v.add_argument("rank", nargs="?", type=int, default=0, help="tensor-parallel rank (default: 0)")
             v.add_argument("-n", "--lines", type=int, default=50)
             v.add_argument("-f", "--follow", action="store_true")
         if name == "watch":

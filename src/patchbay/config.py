@@ -36,14 +36,16 @@ class Config:
     synth_seed: int = 0
     ready_timeout: int = 600  # seconds for the first streamed token after start
     engine_args: str = ""  # extra `transformers serve` flags, space-separated
+    tp: int = 1  # tensor-parallel ranks; > 1 needs PB_TENSOR_PARALLEL=1 (local: all ranks on this machine)
+    rdzv_port: int = 29500  # torch.distributed rendezvous port on rank 0's host (MASTER_PORT)
     run_dir: str = ".run"  # pid, log and state of the running server (relative to the repo)
     # RUNTIME=docker: where the ranks run (`local`, or `ssh://user@host` through the Docker SDK),
-    # the addresses the ranks reach each other on, and what each node must have.
+    # the addresses the ranks reach each other on (the rendezvous port is RDZV_PORT), and what
+    # each node must have.
     head: str = "local"
     worker: str = ""  # empty: one rank on the head only
     head_addr: str = "127.0.0.1"  # MASTER_ADDR: the head's address as the worker reaches it
     worker_addr: str = "127.0.0.1"  # the worker's address as the head reaches it
-    rdzv_port: int = 29500  # MASTER_PORT on the head
     gloo_ifname: str = ""  # GLOO_SOCKET_IFNAME on both nodes (empty: gloo picks)
     nccl_ifname: str = ""  # NCCL_SOCKET_IFNAME on both nodes (empty: nccl picks)
     gpus_per_node: int = 0  # GPUs each rank needs (0: CPU)
@@ -70,8 +72,9 @@ class Config:
         for key, value in (("GLOO_IFNAME", self.gloo_ifname), ("NCCL_IFNAME", self.nccl_ifname)):
             if value and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
                 raise ConfigError(f"{where}: {key}={value} is not a network interface name (e.g. eth0)")
-        if not 1 <= self.rdzv_port <= 65535 or self.rdzv_port == self.port:
-            raise ConfigError(f"{where}: RDZV_PORT={self.rdzv_port} must be 1-65535 and differ from PORT")
+        if self.runtime == "docker" and (self.tp > 2 or (self.tp == 2) != bool(self.worker)):
+            raise ConfigError(f"{where}: RUNTIME=docker runs one rank per node: TP=2 with a WORKER, or TP=1 "
+                              f"without one (got TP={self.tp}, WORKER={self.worker or 'empty'})")
         for key, value in (("GPUS_PER_NODE", self.gpus_per_node), ("GPU_MIN_FREE_GIB", self.gpu_min_free_gib),
                            ("MIN_MEM_GIB", self.min_mem_gib), ("MIN_DISK_GIB", self.min_disk_gib)):
             if value < 0:
@@ -87,6 +90,17 @@ class Config:
                 raise ConfigError(f"{where}: HOST={self.host} is not an IP address (e.g. 127.0.0.1)") from None
         if self.ready_timeout < 1:
             raise ConfigError(f"{where}: READY_TIMEOUT={self.ready_timeout} must be at least 1 (seconds)")
+        if not 1 <= self.tp <= 8:
+            raise ConfigError(f"{where}: TP={self.tp} is out of range (allowed: 1-8)")
+        if not 1 <= self.rdzv_port <= 65535 or self.rdzv_port == self.port:
+            raise ConfigError(f"{where}: RDZV_PORT={self.rdzv_port} must be a port (1-65535) other than PORT")
+        tp_knob = self.knobs.get("PB_TENSOR_PARALLEL", "0") == "1"
+        if self.tp > 1 and not tp_knob:
+            raise ConfigError(f"{where}: TP={self.tp} needs PB_TENSOR_PARALLEL=1 (the engine's tensor-parallel patch)")
+        if tp_knob and self.tp == 1:
+            raise ConfigError(f"{where}: PB_TENSOR_PARALLEL=1 needs TP=2 or more (or unset the knob)")
+        if self.tp > 1 and not self.continuous_batching:
+            raise ConfigError(f"{where}: TP={self.tp} needs CONTINUOUS_BATCHING=1 (ranks > 0 follow rank 0's batches)")
         if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
             raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
                               "folder (an absolute path, or one starting with ./)")
@@ -101,7 +115,7 @@ class Config:
 
     @property
     def world_size(self) -> int:
-        return 2 if self.runtime == "docker" and self.worker else 1
+        return self.tp
 
     def knobs_on(self) -> dict:
         return dict(sorted(self.knobs.items()))

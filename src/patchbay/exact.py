@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -75,12 +76,20 @@ def reference_texts() -> list[tuple[list[dict], str]]:
 
 
 def score(model_dir: str) -> dict:
-    """Teacher forcing: the log-probability of every reference-reply token given all before it."""
+    """Teacher forcing: the log-probability of every reference-reply token given all before it.
+    Run as one rank of a torch.distributed launch (WORLD_SIZE > 1), the model is split with its
+    own TP plan over the ranks."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    kwargs = {}
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_size=world_size)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
     out = []
     with torch.inference_mode():
         for messages, reply in reference_texts():
@@ -99,6 +108,19 @@ def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{verb} failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def score_engine_tp(engine_env: dict[str, str], model_dir: str, ranks: int, rdzv_port: int) -> dict:
+    """`score` with the model split over `ranks` gloo ranks on this machine (rank 0's result)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "patchbay.exact", "score", model_dir],
+                              env={**engine_env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rdzv_port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for r, (p, (_, err)) in enumerate(zip(procs, outputs)):
+        if p.returncode != 0:
+            raise RuntimeError(f"score on rank {r} failed: {err.strip()[-2000:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
 def probe_engine(engine_env: dict[str, str], model_dir: str) -> dict:

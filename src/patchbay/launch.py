@@ -1,7 +1,10 @@
-"""start / stop / status / logs for the local runtime: one engine process on this machine.
+"""start / stop / status / logs for the local runtime: the engine's processes on this machine.
 
-Ready means a streamed token came back through the HTTP API, not that a port opened.
-The run folder (.run/) holds the pid, the log and what was started (build, model, knobs).
+One process, or with TP=N one per tensor-parallel rank, each in its own process group with
+the standard torch.distributed environment; rank 0 serves HTTP. Ready means a streamed token
+came back through rank 0's HTTP API, not that a port opened. Start is atomic: a rank that
+exits or a readiness timeout stops every rank. The run folder (.run/) holds one pid and log
+per rank and what was started (build, model, knobs).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import httpx
 from .build import Engine
 from .config import Config
 
+# NVLink multicast (NVLS, symmetric-memory multicast) stays off on every rank.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 class LaunchError(RuntimeError):
@@ -43,6 +48,23 @@ class RunFiles:
     def info(self) -> Path:
         return self.dir / "server.json"
 
+    def rank_pid(self, rank: int) -> Path:
+        return self.pid if rank == 0 else self.dir / f"server.rank{rank}.pid"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.log if rank == 0 else self.dir / f"server.rank{rank}.log"
+
+    def pids(self) -> dict[int, int]:
+        """rank -> pid, from the pid files there are."""
+        found = {}
+        for path in [self.pid, *sorted(self.dir.glob("server.rank*.pid"))]:
+            rank = 0 if path == self.pid else int(path.name.split(".")[1][4:])
+            try:
+                found[rank] = int(path.read_text().strip())
+            except (OSError, ValueError):
+                continue
+        return found
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -57,18 +79,16 @@ def _alive(pid: int) -> bool:
 
 
 def running(files: RunFiles) -> dict | None:
-    """What was started, if its process is still alive; a stale pid file is removed."""
-    if not files.pid.is_file():
+    """What was started, while any of its ranks is alive (`ranks`: rank -> pid, alive);
+    stale pid files are removed once none is."""
+    pids = files.pids()
+    ranks = {rank: {"pid": pid, "alive": pid > 0 and _alive(pid)} for rank, pid in sorted(pids.items())}
+    if not any(r["alive"] for r in ranks.values()):
+        for rank in pids:
+            files.rank_pid(rank).unlink(missing_ok=True)
         return None
-    try:
-        pid = int(files.pid.read_text().strip())
-    except ValueError:
-        pid = -1
-    if pid > 0 and _alive(pid):
-        info = json.loads(files.info.read_text()) if files.info.is_file() else {}
-        return {**info, "pid": pid}
-    files.pid.unlink(missing_ok=True)
-    return None
+    info = json.loads(files.info.read_text()) if files.info.is_file() else {}
+    return {**info, "pid": ranks.get(0, {}).get("pid"), "ranks": ranks}
 
 
 def port_free(host: str, port: int) -> bool:
@@ -97,6 +117,14 @@ def engine_env(engine: Engine, knobs: dict[str, str], base: dict | None = None) 
     env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
     return env
+
+
+def rank_env(cfg: Config, rank: int, master_addr: str = "127.0.0.1") -> dict[str, str]:
+    """What one tensor-parallel rank adds to the engine's environment (nothing with TP=1)."""
+    if cfg.tp == 1:
+        return {}
+    return {"RANK": str(rank), "WORLD_SIZE": str(cfg.tp), "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(cfg.rdzv_port), **NO_MULTICAST}
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
@@ -134,53 +162,75 @@ def refuse_if_running(files: RunFiles) -> None:
                           "run `scripts/serve.sh stop` first")
 
 
+def _tails(files: RunFiles, ranks: int, lines: int = 20) -> str:
+    if ranks == 1:
+        return log_tail(files.log, lines)
+    return "\n".join(f"--- rank {r} ({files.rank_log(r)}) ---\n{log_tail(files.rank_log(r), lines)}"
+                     for r in range(ranks))
+
+
 def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progress=print) -> dict:
     refuse_if_running(files)
     if not port_free(cfg.host, cfg.port):
         raise LaunchError(f"port {cfg.port} on {cfg.host} is in use by another process; stop it or set "
                           f"PORT= in {cfg.source}")
+    if cfg.tp > 1 and not port_free("127.0.0.1", cfg.rdzv_port):
+        raise LaunchError(f"rendezvous port {cfg.rdzv_port} on 127.0.0.1 is in use by another process; stop it "
+                          f"or set RDZV_PORT= in {cfg.source}")
     files.dir.mkdir(parents=True, exist_ok=True)
-    log = files.log.open("w")
-    proc = subprocess.Popen(engine_command(cfg, model_path), env=engine_env(engine, cfg.knobs),
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd=files.dir)
-    files.pid.write_text(f"{proc.pid}\n")
+    for stale in files.dir.glob("server.rank*.*"):
+        stale.unlink()
+    procs = []
+    for rank in range(cfg.tp):
+        with files.rank_log(rank).open("w") as log:
+            env = {**engine_env(engine, cfg.knobs), **rank_env(cfg, rank)}
+            proc = subprocess.Popen(engine_command(cfg, model_path), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=files.dir)
+        files.rank_pid(rank).write_text(f"{proc.pid}\n")
+        procs.append(proc)
     info = {"url": cfg.url, "build_id": engine.build_id, "model": model_path, "knobs": cfg.knobs_on(),
-            "config": cfg.source, "started": int(time.time())}
+            "config": cfg.source, "started": int(time.time()), "tp": cfg.tp}
     files.info.write_text(json.dumps(info, indent=2) + "\n")
     progress(f"waiting for the first streamed token from {cfg.url} (log: {files.log})")
     deadline = time.monotonic() + cfg.ready_timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            files.pid.unlink(missing_ok=True)
-            raise LaunchError(f"the engine exited with code {proc.returncode} before it was ready; "
-                              f"last log lines:\n{log_tail(files.log)}")
+        exited = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() is not None]
+        if exited:
+            stop(files)
+            what = "the engine" if cfg.tp == 1 else f"rank {exited[0][0]}"
+            also = "" if cfg.tp == 1 else "; every rank was stopped"
+            raise LaunchError(f"{what} exited with code {exited[0][1]} before it was ready{also}; "
+                              f"last log lines:\n{_tails(files, cfg.tp)}")
         if first_streamed_token(cfg.url, model_path):
-            return {**info, "pid": proc.pid}
+            return {**info, "pid": procs[0].pid, "ranks": {r: {"pid": p.pid, "alive": True} for r, p in enumerate(procs)}}
         time.sleep(1.0)
     stop(files)
-    raise LaunchError(f"no streamed token within {cfg.ready_timeout}s (READY_TIMEOUT); the engine was "
-                      f"stopped; last log lines:\n{log_tail(files.log)}")
+    stopped = "the engine was stopped" if cfg.tp == 1 else "every rank was stopped"
+    raise LaunchError(f"no streamed token within {cfg.ready_timeout}s (READY_TIMEOUT); {stopped}; "
+                      f"last log lines:\n{_tails(files, cfg.tp)}")
 
 
-def stop(files: RunFiles, grace: float = 15.0) -> int | None:
-    """Stop the engine's whole process group. Returns the pid stopped, None if none ran."""
+def stop(files: RunFiles, grace: float = 15.0) -> list[int]:
+    """Stop every rank's whole process group. Returns the pids stopped (rank order), [] if none ran."""
     current = running(files)
     if not current:
-        return None
-    pid = current["pid"]
+        return []
+    pids = [r["pid"] for _, r in sorted(current["ranks"].items())]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            break
+        for pid in pids:
+            try:
+                os.killpg(pid, sig)
+                os.killpg(pid, signal.SIGCONT)  # a stopped (SIGSTOP) rank acts on SIGTERM only once resumed
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.2)
-        if not _alive(pid):
+        if not any(_alive(pid) for pid in pids):
             break
-    files.pid.unlink(missing_ok=True)
-    return pid
+    for rank in current["ranks"]:
+        files.rank_pid(rank).unlink(missing_ok=True)
+    return pids
 
 
 def health(url: str) -> str:

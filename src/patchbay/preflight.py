@@ -37,22 +37,20 @@ def registry_knobs(image) -> dict[str, Knob]:
 
 
 def rank_knobs(cfg: Config) -> dict[str, str]:
-    """The knobs a rank starts with: the config's, plus tensor parallelism for two ranks."""
-    return {**cfg.knobs, TP_KNOB: "1"} if cfg.world_size > 1 else dict(cfg.knobs)
+    """The knobs a rank starts with (TP=2 has PB_TENSOR_PARALLEL=1 among them; config checks that)."""
+    return dict(cfg.knobs)
 
 
 def knob_rows(cfg: Config, image, build_id: str) -> list[Row]:
     known = registry_knobs(image)
     rows = []
-    if cfg.world_size > 1 and TP_KNOB not in known:
-        rows.append(Row("config", TP_KNOB, False, f"image {build_id} has no {TP_KNOB} (the tensor-parallel patch)",
-                        "build the image from a series with 0200-tensor-parallel.patch, or leave WORKER empty"))
-    if cfg.world_size > 1 and cfg.knobs.get(TP_KNOB, "1") != "1":
-        rows.append(Row("config", TP_KNOB, False, f"{TP_KNOB}={cfg.knobs[TP_KNOB]} with a WORKER set",
-                        f"remove the {TP_KNOB} line from {cfg.source} (two ranks turn it on)"))
     for name, raw in sorted(cfg.knobs.items()):
         knob = known.get(name)
-        if knob is None:
+        if knob is None and name == TP_KNOB:
+            rows.append(Row("config", name, False, f"image {build_id} has no {TP_KNOB} (the tensor-parallel "
+                            "patch)", "build the image from a series with 0200-tensor-parallel.patch, or set "
+                            f"TP=1, no WORKER and no {TP_KNOB} line in {cfg.source}"))
+        elif knob is None:
             rows.append(Row("config", name, False, f"{name} is not a knob of image {build_id} "
                             f"(known: {', '.join(sorted(known)) or 'none'})",
                             f"remove or rename the {name} line in {cfg.source}"))

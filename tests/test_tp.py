@@ -1,0 +1,197 @@
+"""Tensor-parallel serving (patch 0200, PB_TENSOR_PARALLEL; TP=2 on the local runtime).
+
+Real engines on the tiny model, two real gloo ranks on this machine, started and stopped
+through patchbay's launcher and CLI; no mocks. TP=2 vs TP=1: the ranks split each matmul and
+sum the parts, which reorders float sums, so logits are not bit-identical. The checks are
+therefore (a) the greedy token ids of every exactness prompt through the HTTP API are equal
+(compared by `pb_fingerprint`, a hash of the token ids, and by text), and (b) teacher-forced
+|Δ logprob| of the reference texts stays at float32 rounding level (measured: max 9.5e-7).
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from patchbay import exact, launch
+
+from .conftest import ALL_ON, LOCAL, free_port
+from .test_launch import assert_one_line_error, patchbay, write_config
+
+pytestmark = pytest.mark.engine
+
+TP_KNOBS = {**ALL_ON, "PB_TENSOR_PARALLEL": "1"}
+
+
+def tp_config(run_dir, **changes):
+    return dataclasses.replace(LOCAL, port=free_port(), rdzv_port=free_port(), tp=2, knobs=TP_KNOBS,
+                               run_dir=str(run_dir), **changes)
+
+
+@pytest.fixture(scope="module")
+def tp_server(patched_engine, tiny_model, tmp_path_factory):
+    cfg = tp_config(tmp_path_factory.mktemp("run-tp2"))
+    files = launch.RunFiles(cfg.run_path)
+    launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    yield cfg
+    launch.stop(files)
+
+
+def greedy(url: str, model: str, messages: list[dict]) -> tuple[str, str]:
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=300,
+                   json={"model": model, "messages": messages, "max_tokens": exact.NEW_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["pb_fingerprint"]
+
+
+def test_tp2_greedy_replies_equal_tp1(tp_server, server_on, tiny_model):
+    """Same build, same adopted knobs; only TP differs. Token ids equal on all 8 prompts."""
+    for i, messages in enumerate(exact.EXACTNESS_PROMPTS):
+        two = greedy(tp_server.url, tiny_model, messages)
+        one = greedy(server_on.url, tiny_model, messages)
+        assert two == one, f"prompt {i}: TP=2 {two} != TP=1 {one}"
+
+
+def test_tp2_teacher_forced_logprobs_match_tp1(patched_engine, tiny_model):
+    env = launch.engine_env(patched_engine, {})
+    one = exact.score_engine(env, tiny_model)
+    two = exact.score_engine_tp(env, tiny_model, ranks=2, rdzv_port=free_port())
+    rows = exact.logprob_deltas(one, two)
+    print("TP=2 vs TP=1 teacher-forced |Δ logprob|:", rows)
+    assert sum(r["tokens"] for r in rows) > 1000
+    assert max(r["max_abs"] for r in rows) < 1e-4  # float32 rounding, not a different model
+
+
+def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
+    files = launch.RunFiles(tp_server.run_path)
+    info = launch.running(files)
+    assert sorted(info["ranks"]) == [0, 1] and all(r["alive"] for r in info["ranks"].values())
+    assert launch.health(tp_server.url) == "ok"
+    # gloo listens on ports of its own; the HTTP port belongs to rank 0, and only rank 0 ran uvicorn.
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{tp_server.port}"], capture_output=True, text=True).stdout
+    assert f"pid={info['ranks'][0]['pid']}," in listening and f"pid={info['ranks'][1]['pid']}," not in listening
+    assert "Uvicorn running" in files.rank_log(0).read_text()
+    assert "Uvicorn running" not in files.rank_log(1).read_text()
+    log1 = files.rank_log(1).read_text()
+    assert "rank 1 of 2, gloo" in log1 and "follows rank 0's batches" in log1
+
+
+def test_cli_tp2_status_logs_kill_rank1_gives_503_stop_leaves_nothing(tmp_path, patched_engine, tiny_model):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path, port=free_port(), rdzv_port=free_port(), tp=2, pb_tensor_parallel=1,
+                       run_dir=str(run))
+    started = patchbay("start", "--config", cfg)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "PB_TENSOR_PARALLEL=1" in started.stdout
+        status = patchbay("status", "--config", cfg)
+        assert status.returncode == 0, status.stderr
+        assert "rank 0" in status.stdout and "rank 1" in status.stdout and "health    ok" in status.stdout
+        logs = patchbay("logs", "1", "--config", cfg, "-n", "1000")
+        assert "rank 1 of 2" in logs.stdout
+        info = launch.running(launch.RunFiles(run))
+        url = info["url"]
+
+        os.kill(info["ranks"][1]["pid"], 9)
+        killed = time.monotonic()
+        health, chat = [], []
+        while time.monotonic() - killed < 5 and not (health and health[-1][0] == 503 and "tp_peer_lost" in health[-1][1]):
+            try:
+                r = httpx.get(f"{url}/health", timeout=1)
+                health.append((r.status_code, r.text))
+            except httpx.HTTPError as e:
+                health.append((type(e).__name__, ""))
+            time.sleep(0.1)
+        took = time.monotonic() - killed
+        # Over gloo the CB loop's own collective may fail first (upstream's cb_worker_dead, also 503);
+        # the heartbeat's tp_peer_lost must follow, as it is what catches a peer that hangs (NCCL).
+        assert all(code in (200, 503) for code, _ in health), health
+        assert health[-1][0] == 503 and "tp_peer_lost" in health[-1][1], f"no tp_peer_lost 503 within 5 s: {health}"
+        print(f"health 503 (tp_peer_lost) {took:.2f}s after rank 1 was killed")
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=5,
+                       json={"model": tiny_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 503 and "tensor-parallel peer rank is gone" in r.text
+        status = patchbay("status", "--config", cfg)
+        assert "DEAD" in status.stdout and "503" in status.stdout
+    finally:
+        stopped = patchbay("stop", "--config", cfg)
+    assert stopped.returncode == 0 and "stopped pids" in stopped.stdout
+    assert patchbay("status", "--config", cfg).returncode == 3
+    assert not list(run.glob("*.pid"))
+    for pid in info["ranks"].values():
+        assert not launch._alive(pid["pid"])
+
+
+def test_start_is_atomic_on_readiness_timeout(tmp_path, patched_engine, tiny_model):
+    cfg = tp_config(tmp_path / "run", ready_timeout=2)
+    files = launch.RunFiles(cfg.run_path)
+    with pytest.raises(launch.LaunchError) as e:
+        launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    assert "every rank was stopped" in str(e.value)
+    assert "--- rank 0" in str(e.value) and "--- rank 1" in str(e.value)
+    assert launch.running(files) is None and not list(files.dir.glob("*.pid"))
+
+
+@pytest.mark.parametrize("env,words", [
+    ({}, ["RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT missing from the environment"]),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, ["MASTER_PORT missing"]),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     ["RANK=2 must be below WORLD_SIZE=2"]),
+    ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     ["cannot split", "num_attention_heads=4 is not divisible by 3"]),
+])
+def test_engine_refuses_bad_tp_env_in_one_line(patched_engine, tiny_model, env, words):
+    """Whoever starts the engine (patchbay, Docker, torchrun): one line, exit 2, before any rank joins."""
+    proc = subprocess.run(launch.engine_command(LOCAL, tiny_model),
+                          env={**launch.engine_env(patched_engine, {"PB_TENSOR_PARALLEL": "1"}), **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    refusals = [line for line in proc.stderr.splitlines() if "refusing to start" in line]
+    assert len(refusals) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for word in words:
+        assert word in refusals[0]
+
+
+def test_bad_tp_config_is_one_line(tmp_path):
+    cfg = write_config(tmp_path, port=free_port(), tp=2, run_dir=str(tmp_path / "run"))
+    assert_one_line_error(patchbay("start", "--config", cfg), 2, "TP=2 needs PB_TENSOR_PARALLEL=1")
+
+
+def test_hung_rank1_fails_requests_in_flight_and_answers_503(tmp_path, patched_engine, tiny_model):
+    """A peer that hangs (SIGSTOP) closes no socket: only the heartbeat's timeout can notice it. The
+    stream in flight ends with an error, health and new requests answer 503 within 5 s; once the
+    peer runs again it finds rank 0 gone from the heartbeat and exits on its own."""
+    cfg = tp_config(tmp_path / "run")
+    files = launch.RunFiles(cfg.run_path)
+    info = launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    follower = info["ranks"][1]["pid"]
+    try:
+        body = {"model": tiny_model, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                "max_tokens": 4000, "stream": True}
+        with httpx.stream("POST", f"{cfg.url}/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # the stream is under way
+            os.kill(follower, signal.SIGSTOP)
+            hung = time.monotonic()
+            rest = list(lines)  # must end, not hang (the client's read timeout is 30 s)
+        ended = time.monotonic() - hung
+        assert ended < 5, f"the stream in flight ran on {ended:.1f}s after rank 1 hung"
+        assert any("error" in line for line in rest), rest[-3:]
+        while time.monotonic() - hung < 5 and "tp_peer_lost" not in httpx.get(f"{cfg.url}/health").text:
+            time.sleep(0.1)
+        r = httpx.get(f"{cfg.url}/health")
+        assert r.status_code == 503 and "tp_peer_lost" in r.text, f"{time.monotonic() - hung:.1f}s: {r.text}"
+        print(f"rank 1 hung: stream ended after {ended:.2f}s, health 503 after {time.monotonic() - hung:.2f}s")
+        os.kill(follower, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and launch._alive(follower):
+            time.sleep(0.2)
+        assert not launch._alive(follower), "rank 1 outlived rank 0's heartbeat"
+        assert "rank 0 is gone" in files.rank_log(1).read_text()
+    finally:
+        launch.stop(files)
