@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from patchbay import ROOT, image, preflight, series as series_mod
+from patchbay import ROOT, image, series as series_mod
 from patchbay.upstream import LOCK_PATH
 
 from .conftest import ALL_ON, free_port
@@ -199,15 +199,6 @@ def test_start_fails_in_preflight_with_the_named_fix(client, tmp_path, served_im
     assert not (tmp_path / "no-such-model").exists()  # a bind mount never creates the folder
 
 
-def test_tensor_parallel_needs_the_engine_patch_in_the_image(tmp_path, served_image, the_series):
-    if preflight.TP_KNOB in {k.name for k in the_series.knobs()}:
-        pytest.skip("this series has the tensor-parallel patch")
-    path, _ = write_env(tmp_path, worker="local")
-    out = patchbay("preflight", "--config", str(path))
-    assert out.returncode == 1
-    assert "has no PB_TENSOR_PARALLEL" in out.stdout and "worker  reach head" in out.stdout
-
-
 # ---- serving --------------------------------------------------------------------------------
 
 
@@ -247,13 +238,6 @@ def test_one_rank_serves_like_the_local_engine_and_the_watchdog_restarts_it(clie
     assert "not running" in patchbay("stop", "--config", str(path)).stdout
 
 
-needs_tp = pytest.mark.skipif(
-    "PB_TENSOR_PARALLEL" not in (ROOT / "patches" / "series").read_text() + "".join(
-        p.read_text() for p in (ROOT / "patches").glob("*.patch")),
-    reason="needs 0200-tensor-parallel.patch (PB_TENSOR_PARALLEL, branch issue4-tp), not merged yet")
-
-
-@needs_tp
 def test_two_ranks_reply_like_one_and_a_dead_worker_is_a_503(client, tmp_path, served_image, server_on):
     path, values = write_env(tmp_path, worker="local")
     port, pair = int(values["PORT"]), values["PAIR"]

@@ -54,6 +54,7 @@ def knob_rows(cfg: Config, image, build_id: str) -> list[Row]:
             rows.append(Row("config", name, False, f"{name} is not a knob of image {build_id} "
                             f"(known: {', '.join(sorted(known)) or 'none'})",
                             f"remove or rename the {name} line in {cfg.source}"))
+        if knob is None:
             continue
         try:
             knob.parse(raw)
