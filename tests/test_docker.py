@@ -264,3 +264,21 @@ def test_two_ranks_reply_like_one_and_a_dead_worker_is_a_503(client, tmp_path, s
     finally:
         patchbay("stop", "--config", str(path))
     assert not pair_containers(client, pair)
+
+
+@pytest.mark.parametrize("case", ["a rank exits", "readiness times out"])
+def test_start_is_atomic_both_ranks_go_and_their_last_lines_are_shown(client, tmp_path, served_image, case):
+    settings = {"ENGINE_ARGS": "--cb-num-blocks 64 --no-such-flag"} if case == "a rank exits" else \
+        {"READY_TIMEOUT": "2"}
+    path, values = write_env(tmp_path, worker="local", **settings)
+    try:
+        out = patchbay("start", "--config", str(path))
+    finally:
+        patchbay("stop", "--config", str(path))
+    assert out.returncode == 1
+    if case == "a rank exits":
+        assert "exited before the pair was ready" in out.stderr and "no-such-flag" in out.stderr, out.stderr
+    else:
+        assert "no streamed token within 2s (READY_TIMEOUT); both ranks removed" in out.stderr, out.stderr
+    assert "rank 0 (head" in out.stderr and "rank 1 (worker" in out.stderr
+    assert not pair_containers(client, values["PAIR"])

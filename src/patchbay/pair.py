@@ -8,6 +8,7 @@ watchdog work from any shell on the head, and a restart reads the same config fi
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -81,11 +82,17 @@ def rank_command(cfg: Config, model_path: str) -> list[str]:
 
 
 def tail(container, lines: int = 15) -> str:
+    """The last lines of a rank's log, after the last error lines above them (a usage error or a
+    traceback's first line is often followed by a long listing)."""
     try:
-        text = container.logs(tail=lines).decode(errors="replace").rstrip()
+        text = container.logs(tail=400).decode(errors="replace").rstrip()
     except Exception as e:  # the container may be gone already
         return f"    (no log: {type(e).__name__})"
-    return "\n".join("    " + l for l in text.splitlines()) or "    (empty log)"
+    all_lines = text.splitlines()
+    last = all_lines[-lines:]
+    errors = [l for l in all_lines[:-lines] if re.search(r"\bError\b|Traceback|error:", l)][-3:]
+    shown = errors + (["..."] if errors else []) + last
+    return "\n".join("    " + l for l in shown) or "    (empty log)"
 
 
 def _remove(rs: list[Rank]) -> list[str]:
@@ -136,11 +143,12 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
     deadline = time.monotonic() + cfg.ready_timeout
     while time.monotonic() < deadline:
         for r in rs:
-            if r.state != "running":
+            state = r.state
+            if state != "running":
                 logs = "\n".join(f"  rank {x.node.rank} ({x.node.role}, {x.state}):\n{tail(x.container)}" for x in rs)
                 _remove(rs)
                 raise LaunchError(f"rank {r.node.rank} on the {r.node.role} exited before the pair was ready "
-                                  f"({r.state}); both removed; last log lines:\n{logs}")
+                                  f"({state}); both removed; last log lines:\n{logs}")
         if first_streamed_token(cfg.url, model_path):
             return info
         time.sleep(1.0)
