@@ -52,9 +52,27 @@ def tiny_model() -> str:
     return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
 
 
+def engine_module(engine: build.Engine, name: str):
+    """A module of the engine's `transformers/_pb/`, loaded as a package of its own (for the
+    modules that need nothing else of transformers: parsers, schema checks, grammar masks)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    package = f"pb_engine_{engine.build_id.replace('-', '_').replace('.', '_')}"
+    if package not in sys.modules:
+        pb_dir = engine.site / "transformers" / "_pb"
+        spec = importlib.util.spec_from_file_location(package, pb_dir / "__init__.py",
+                                                      submodule_search_locations=[str(pb_dir)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(f"{package}.{name}")
+
+
 class Server:
-    def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path):
-        self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir))
+    def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path, **settings):
+        self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir), **settings)
         self.files = launch.RunFiles(run_dir)
         self.model = model
         self.engine = engine

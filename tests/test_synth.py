@@ -79,8 +79,20 @@ def test_template_tool_call_history(tok):
         "<arg_key>hourly</arg_key>\n<arg_value>false</arg_value>\n"
         "</tool_call>"
         '<|observation|>\n<tool_response>{"temp": 21}</tool_response>\n<tool_response>sunny</tool_response>'
-        "<|assistant|>\n21 and sunny."
+        "<|assistant|>\n<think></think>\n21 and sunny."
     )
+
+
+def test_template_keeps_past_thinking_only_when_asked(tok):
+    turn = {"role": "assistant", "content": "A.", "reasoning_content": "think A"}
+    messages = [{"role": "user", "content": "Q1"}, turn, {"role": "user", "content": "Q2"}]
+    # GLM's interleaved thinking: reasoning before the last user turn is dropped ...
+    assert "think A" not in render(tok, messages)
+    assert render(tok, messages).count("<think></think>") == 1
+    # ... unless clear_thinking is false, which keeps every turn's (prefix-stable prompts).
+    kept = render(tok, messages, clear_thinking=False)
+    assert "<|assistant|>\n<think>think A</think>\nA.<|user|>" in kept
+    assert kept.startswith(render(tok, messages[:2], clear_thinking=False))
 
 
 def test_template_enable_thinking(tok):
@@ -99,7 +111,7 @@ def test_template_content_none(tok):
     ]
     out = render(tok, messages)
     assert "None" not in out
-    assert out == "[gMASK]<sop><|user|>\n<|assistant|>\n<tool_call>now\n</tool_call>"
+    assert out == "[gMASK]<sop><|user|>\n<|assistant|>\n<think></think>\n<tool_call>now\n</tool_call>"
 
 
 def test_write_tiny_is_deterministic(tiny, tmp_path):

@@ -24,7 +24,7 @@ from .test_launch import assert_one_line_error, patchbay, write_config
 
 pytestmark = pytest.mark.engine
 
-TP_KNOBS = {**ALL_ON, "PB_TENSOR_PARALLEL": "1"}
+TP_KNOBS = {**ALL_ON, "PB_TENSOR_PARALLEL": "1", "PB_FORCED_DECODING": "1"}
 
 
 def tp_config(run_dir, **changes):
@@ -65,6 +65,32 @@ def test_tp2_teacher_forced_logprobs_match_tp1(patched_engine, tiny_model):
     print("TP=2 vs TP=1 teacher-forced |Δ logprob|:", rows)
     assert sum(r["tokens"] for r in rows) > 1000
     assert max(r["max_abs"] for r in rows) < 1e-4  # float32 rounding, not a different model
+
+
+def test_rank0s_per_request_choices_reach_every_rank(tp_server, patched_engine, tiny_model, tmp_path):
+    """Forced replies and seeded sampling are registered on rank 0 only; the followers must
+    continue from the same tokens, or the pair computes with two different KV caches and the
+    logprobs of the forced reply (and every later token) drift from TP=1's."""
+    from .conftest import Server
+
+    one = Server(patched_engine, tiny_model, {**ALL_ON, "PB_FORCED_DECODING": "1"}, tmp_path / "run-one")
+    try:
+        text = "def main():\n    return sorted(set(items), key=len)\n"
+        body = {"model": tiny_model, "messages": exact.EXACTNESS_PROMPTS[0], "max_tokens": 64,
+                "pb_forced": {"text": text}}
+        def logprobs(url):
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            return [e["logprob"] for e in r.json()["choices"][0]["logprobs"]["content"]]
+        a, b = logprobs(tp_server.url), logprobs(one.url)
+        assert len(a) == len(b) > 10 and max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+        seeded = {"model": tiny_model, "messages": exact.EXACTNESS_PROMPTS[1], "max_tokens": 24,
+                  "temperature": 1.0, "seed": 11}
+        replies = [httpx.post(f"{url}/v1/chat/completions", json=seeded, timeout=300).json()["pb_fingerprint"]
+                   for url in (tp_server.url, one.url)]
+        assert replies[0] == replies[1]
+    finally:
+        one.stop()
 
 
 def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
@@ -195,3 +221,11 @@ def test_hung_rank1_fails_requests_in_flight_and_answers_503(tmp_path, patched_e
         assert "rank 0 is gone" in files.rank_log(1).read_text()
     finally:
         launch.stop(files)
+
+
+@pytest.mark.parametrize("path", ["/v1/systemone", "/reset", "/load_model"])
+def test_rank0_only_routes_answer_501_and_leave_the_pair_serving(tp_server, tiny_model, path):
+    """These would run or reload the model on rank 0 alone; rank 1 would never join: refused."""
+    r = httpx.post(f"{tp_server.url}{path}", json={"model": tiny_model, "messages": [], "input": "x"}, timeout=10)
+    assert r.status_code == 501 and "not available with tensor parallelism" in r.text
+    assert launch.first_streamed_token(tp_server.url, tiny_model)

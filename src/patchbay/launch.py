@@ -158,7 +158,8 @@ def first_streamed_token(url: str, model: str, timeout: float = 10.0) -> bool:
 def refuse_if_running(files: RunFiles) -> None:
     current = running(files)
     if current:
-        raise LaunchError(f"already running (pid {current['pid']} on {current.get('url')}); "
+        alive = [str(r["pid"]) for r in current["ranks"].values() if r["alive"]]
+        raise LaunchError(f"already running (pid {', '.join(alive)} on {current.get('url')}); "
                           "run `scripts/serve.sh stop` first")
 
 

@@ -68,18 +68,27 @@ CHAT_TEMPLATE = r"""{#- patchbay's GLM-4.5-style chat template -#}
       ~ 'Write string values as they are and any other value as JSON.' -}}
 {%- endif -%}
 
+{#- Thinking of past assistant turns is kept only after the last user message (GLM's
+    interleaved thinking), or for every turn when clear_thinking is false. -#}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- set keep_all = clear_thinking is defined and not clear_thinking -%}
+
 {%- for m in messages -%}
   {%- if m.role == 'system' or m.role == 'user' -%}
     {{- '<|' ~ m.role ~ '|>\n' ~ text(m.content) -}}
   {%- elif m.role == 'assistant' -%}
-    {{- '<|assistant|>\n' -}}
-    {%- if m.reasoning_content -%}{{ '<think>' ~ m.reasoning_content ~ '</think>\n' }}{%- endif -%}
+    {{- '<|assistant|>' -}}
+    {%- if m.reasoning_content and (keep_all or loop.index0 > ns.last_user) -%}
+      {{- '\n<think>' ~ m.reasoning_content ~ '</think>' -}}
+    {%- else -%}
+      {{- '\n<think></think>' -}}
+    {%- endif -%}
     {%- set body = text(m.content) -%}
-    {{- body -}}
+    {%- if body -%}{{ '\n' ~ body }}{%- endif -%}
     {%- for call in m.tool_calls or [] -%}
       {%- set f = call.function if call.function is defined else call -%}
-      {{- '\n' if body or not loop.first else '' -}}
-      {{- '<tool_call>' ~ f.name ~ '\n' -}}
+      {{- '\n<tool_call>' ~ f.name ~ '\n' -}}
       {%- if f.arguments is mapping -%}
         {%- for k, v in f.arguments.items() -%}
           {{- '<arg_key>' ~ k ~ '</arg_key>\n<arg_value>' ~ value(v) ~ '</arg_value>\n' -}}
@@ -170,7 +179,11 @@ def stop_ids(tok: PreTrainedTokenizerFast) -> list[int]:
     return tok.convert_tokens_to_ids(list(STOP_TOKENS))
 
 
-def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None = None) -> Glm4MoeConfig:
+TINY_CONTEXT = 512
+
+
+def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None = None,
+                context: int = TINY_CONTEXT) -> Glm4MoeConfig:
     """Every glm4_moe feature the engine meets in GLM-4.5 (dense first layer, shared and routed
     experts, GQA, partial rotary), shrunk until it generates in milliseconds per token on a CPU.
 
@@ -192,7 +205,7 @@ def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None 
         n_shared_experts=1,
         moe_intermediate_size=32,
         partial_rotary_factor=0.5,
-        max_position_embeddings=512,
+        max_position_embeddings=context,  # no parameter depends on it: same weights at any context
         attention_bias=True,  # as in GLM-4.5, so loaders and TP plans meet q/k/v biases
         # The default init (std 0.02) already gives varied, prompt-dependent greedy text here
         # (logit top-1 margins ~0.04, far above float noise); tests/test_synth.py checks it.
@@ -258,8 +271,13 @@ def build_air12(device: str | torch.device = "cuda", seed: int = 0) -> Glm4MoeFo
     return model.eval()
 
 
-def _marker(seed: int, corpus_sha256: str, params: int) -> dict:
-    return {"model": TINY, "seed": seed, "corpus_sha256": corpus_sha256, "params": params}
+def template_sha256() -> str:
+    return hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
+
+
+def _marker(seed: int, corpus_sha256: str, params: int, context: int) -> dict:
+    return {"model": TINY, "seed": seed, "corpus_sha256": corpus_sha256, "params": params,
+            "template_sha256": template_sha256(), "context": context}
 
 
 def read_marker(path: Path) -> dict | None:
@@ -271,10 +289,10 @@ def read_marker(path: Path) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get("model") == TINY else None
 
 
-def _save_tiny(out: Path, seed: int) -> None:
+def _save_tiny(out: Path, seed: int, context: int) -> None:
     tok = build_tokenizer(seed)
     stop = stop_ids(tok)
-    config = tiny_config(len(tok), stop=stop, pad=tok.pad_token_id)
+    config = tiny_config(len(tok), stop=stop, pad=tok.pad_token_id, context=context)
     torch.manual_seed(seed)
     model = Glm4MoeForCausalLM(config).eval()
     model.generation_config = GenerationConfig(
@@ -290,11 +308,11 @@ def _save_tiny(out: Path, seed: int) -> None:
             hf_logging.enable_progress_bar()
     tok.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    marker = _marker(seed, corpus_texts()[1], params)
+    marker = _marker(seed, corpus_texts()[1], params, context)
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def write_tiny(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+def write_tiny(out_dir: str | os.PathLike, seed: int = 0, context: int = TINY_CONTEXT) -> Path:
     """Write the `synthetic:tiny` checkpoint for `seed` into `out_dir` and return its path.
 
     An existing checkpoint for the same seed and corpus is returned as is. A synth checkpoint of
@@ -309,13 +327,14 @@ def write_tiny(out_dir: str | os.PathLike, seed: int = 0) -> Path:
             f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
             f"(no {MARKER}); pass a new or empty directory"
         )
-    if marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]:
+    if (marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]
+            and marker.get("template_sha256") == template_sha256() and marker.get("context", 512) == context):
         return out
     # Build next to the target, then move files in with the marker last: an interrupted write
     # leaves no marker, so it can never be mistaken for a finished checkpoint.
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        _save_tiny(Path(tmp), seed)
+        _save_tiny(Path(tmp), seed, context)
         out.mkdir(exist_ok=True)
         (out / MARKER).unlink(missing_ok=True)
         for name in sorted(os.listdir(tmp), key=lambda n: n == MARKER):

@@ -1,0 +1,456 @@
+"""The agent-facing chat API (0070 messages, 0080 parser, 0100 sampling, 0110 forced decoding)
+through the `openai` client and httpx against a live server on the tiny model.
+
+The tiny model's weights are random, so replies that must hold a tool call are forced
+(`pb_forced`); the model still runs every step. Each knob is also switched off for one
+request (`pb_knobs`) to show upstream's behaviour next to it.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from .conftest import ALL_ON, Server
+
+pytestmark = pytest.mark.engine
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                     "unit": {"type": ["string", "null"]}},
+    "required": ["city"]}}}
+USER = [{"role": "user", "content": "Weather in Oslo?"}]
+FORCED = ("\n<think>The user wants the weather.</think>\nLet me check.\n"
+          "<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>0042</arg_value>\n"
+          "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+          "<arg_key>unit</arg_key>\n<arg_value>null</arg_value>\n</tool_call>")
+MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>", "<think>", "</think>", "<|")
+
+
+@pytest.fixture(scope="module")
+def agent(patched_engine, tiny_model, tmp_path_factory):
+    """The default knob set plus forced decoding (opt-in: a testing facility)."""
+    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_FORCED_DECODING": "1"},
+                    tmp_path_factory.mktemp("run-agent"))
+    yield server
+    server.stop()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(server, **kw):
+    kw.setdefault("messages", USER)
+    kw.setdefault("max_tokens", 120)
+    return client(server).chat.completions.create(model=server.model, **kw)
+
+
+def forced(text=FORCED, **knobs):
+    body = {"pb_forced": {"text": text}}
+    if knobs:
+        body["pb_knobs"] = knobs
+    return body
+
+
+# ---- 0080 PB_GLM_PARSER ---------------------------------------------------------------------
+
+
+def test_tool_call_reasoning_and_content_are_split(agent):
+    r = chat(agent, tools=[WEATHER], extra_body=forced())
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    assert choice.message.reasoning_content == "The user wants the weather."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "weather" and call.id.startswith("call_")
+    # Typed by the schema: a string stays "0042", an integer is 3, a nullable is None.
+    assert json.loads(call.function.arguments) == {"city": "0042", "days": 3, "unit": None}
+    # Forced replies report each token's logprob (teacher forcing).
+    assert len(choice.logprobs.content) == r.usage.completion_tokens
+    assert all(entry.logprob <= 0 for entry in choice.logprobs.content)
+
+
+def test_streamed_tool_call_has_the_openai_delta_shape(agent):
+    stream = chat(agent, tools=[WEATHER], stream=True, extra_body=forced())
+    chunks = [c for c in stream if c.choices]
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    first, rest = calls[0], calls[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "weather") and first.id
+    assert rest and all(tc.index == 0 and tc.id is None and tc.function.name is None for tc in rest)
+    arguments = "".join(tc.function.arguments or "" for tc in calls)
+    assert json.loads(arguments) == {"city": "0042", "days": 3, "unit": None}
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert (content, reasoning) == ("Let me check.", "The user wants the weather.")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_parser_off_is_upstream(agent):
+    r = chat(agent, tools=[WEATHER], extra_body=forced(PB_GLM_PARSER=0))
+    message = r.choices[0].message
+    assert message.tool_calls is None and r.choices[0].finish_reason == "stop"
+    assert "weather" in message.content and "0042" in message.content  # the call stays text
+
+
+def test_a_call_cut_by_max_tokens_is_dropped(agent):
+    whole = chat(agent, tools=[WEATHER], extra_body=forced())
+    cut = whole.usage.completion_tokens - 6  # inside the last argument
+    r = chat(agent, tools=[WEATHER], max_tokens=cut, extra_body=forced())
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+    assert not any(tag in (r.choices[0].message.content or "") for tag in MARKUP)
+    stream = chat(agent, tools=[WEATHER], max_tokens=cut, stream=True, extra_body=forced())
+    chunks = [c for c in stream if c.choices]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    arguments = "".join(tc.function.arguments or "" for c in chunks for tc in (c.choices[0].delta.tool_calls or []))
+    with pytest.raises(ValueError):
+        json.loads(arguments)  # clients treat a call as final once its arguments parse
+
+
+def test_no_markup_in_content_of_random_replies(agent):
+    for stream in (False, True):
+        r = chat(agent, max_tokens=40, stream=stream)
+        text = ("".join(c.choices[0].delta.content or "" for c in r if c.choices) if stream
+                else r.choices[0].message.content)
+        assert not any(tag in text for tag in MARKUP)
+
+
+# ---- 0070 PB_GLM_MESSAGES -------------------------------------------------------------------
+
+
+def rendered(server, messages, **extra) -> str:
+    from transformers import AutoTokenizer
+
+    r = httpx.post(f"{server.url}/tokenize", json={"model": server.model, "messages": messages, **extra},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    return AutoTokenizer.from_pretrained(server.model).decode(r.json()["tokens"])
+
+
+HISTORY = [
+    {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Oslo?"}]},
+    {"role": "assistant", "content": "Checking.", "reasoning_content": "Use the tool.",
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "weather", "arguments": '{"city": "Oslo", "days": 2}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+
+
+def test_client_history_renders_as_the_model_wrote_it(agent):
+    on = rendered(agent, HISTORY, tools=[WEATHER])
+    assert "<|user|>\nWeather in Oslo?" in on  # text parts joined as written
+    assert ("<|assistant|>\n<think>Use the tool.</think>\nChecking.\n<tool_call>weather\n"
+            "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>") in on
+    off = rendered(agent, HISTORY, tools=[WEATHER], pb_knobs={"PB_GLM_MESSAGES": 0})
+    assert "Use the tool." not in off and "Checking." not in off  # upstream drops both
+    assert "Weather  in Oslo?" in off  # and joins parts with a space
+
+
+def test_thinking_controls(agent):
+    user = [{"role": "user", "content": "Hi"}]
+    assert rendered(agent, user, reasoning_effort="none").endswith("<|assistant|>\n<think></think>")
+    assert rendered(agent, user, thinking={"type": "disabled"}).endswith("<|assistant|>\n<think></think>")
+    assert rendered(agent, user, reasoning_effort="high").endswith("<|assistant|>")
+    r = httpx.post(f"{agent.url}/v1/chat/completions", timeout=60,
+                   json={"model": agent.model, "messages": user, "reasoning_effort": "extreme"})
+    assert r.status_code == 400 and "reasoning_effort" in r.json()["error"]["message"]
+
+
+def test_keeping_past_thinking_makes_prompts_prefix_stable(agent):
+    turn2 = HISTORY + [{"role": "assistant", "content": "Sunny.", "reasoning_content": "Easy."},
+                       {"role": "user", "content": "Tomorrow?"}]
+    kwargs = {"chat_template_kwargs": {"clear_thinking": False}}
+    first = rendered(agent, HISTORY, tools=[WEATHER], add_generation_prompt=False, **kwargs)
+    second = rendered(agent, turn2, tools=[WEATHER], **kwargs)
+    assert second.startswith(first) and "Use the tool." in second
+    assert "Use the tool." not in rendered(agent, turn2, tools=[WEATHER])  # GLM's default clears it
+
+
+def test_malformed_arguments_are_a_400_naming_the_message(agent):
+    bad = [HISTORY[0], {**HISTORY[1], "tool_calls": [{"id": "c1", "type": "function",
+                                                     "function": {"name": "weather", "arguments": "{city"}}]}]
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(agent, messages=bad)
+    assert "messages[1].tool_calls[0].function.arguments is not valid JSON" in e.value.body["message"]
+
+
+# ---- 0100 PB_REQUEST_SAMPLING ---------------------------------------------------------------
+
+
+def text_of(r) -> str:
+    return r.choices[0].message.content
+
+
+def test_seeded_sampling_is_reproducible_alone_or_beside_others(agent):
+    alone = text_of(chat(agent, temperature=0.9, seed=7, max_tokens=16))
+    assert alone == text_of(chat(agent, temperature=0.9, seed=7, max_tokens=16))
+    assert alone != text_of(chat(agent, temperature=0.9, seed=8, max_tokens=16))
+    with ThreadPoolExecutor(4) as pool:
+        mine = pool.submit(chat, agent, temperature=0.9, seed=7, max_tokens=16)
+        others = [pool.submit(chat, agent, temperature=1.3, max_tokens=16) for _ in range(3)]
+        assert text_of(mine.result()) == alone
+        [o.result() for o in others]
+
+
+def test_settings_are_per_request_not_frozen(agent):
+    greedy = text_of(chat(agent, max_tokens=16))
+    chat(agent, temperature=1.5, top_p=0.9, max_tokens=16, extra_body={"top_k": 40})
+    assert text_of(chat(agent, max_tokens=16)) == greedy
+    assert text_of(chat(agent, temperature=0, max_tokens=16)) == greedy
+
+
+def test_stop_logprobs_and_penalties(agent):
+    greedy = text_of(chat(agent, max_tokens=16))
+    stop = greedy[4:7]
+    stopped = chat(agent, max_tokens=16, stop=[stop])
+    assert stop not in text_of(stopped) and greedy.startswith(text_of(stopped))
+    assert stopped.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(agent, max_tokens=16, stop=stop, stream=True)
+                       if c.choices)
+    assert streamed == text_of(stopped)
+    r = chat(agent, max_tokens=5, logprobs=True, top_logprobs=3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == 5 and all(len(e.top_logprobs) == 3 for e in entries)
+    assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in entries)  # greedy = the top token
+    first = r.choices[0].logprobs.content[0].token
+    bias = {str(agent_token_id(agent, first)): -100}
+    assert text_of(chat(agent, max_tokens=5, logit_bias=bias)) != text_of(chat(agent, max_tokens=5))
+
+
+def agent_token_id(server, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    (token,) = AutoTokenizer.from_pretrained(server.model).encode(text, add_special_tokens=False)
+    return token
+
+
+def test_penalties_discourage_repeats(agent):
+    hi = [{"role": "user", "content": "hi"}]
+    greedy = chat(agent, messages=hi, max_tokens=24, logprobs=True)
+    ids = [e.token for e in greedy.choices[0].logprobs.content]
+    assert len(set(ids)) < len(ids)  # the tiny model repeats itself on this prompt
+    penalized = chat(agent, messages=hi, max_tokens=24, logprobs=True, frequency_penalty=2.0, presence_penalty=2.0)
+    assert len(set(e.token for e in penalized.choices[0].logprobs.content)) > len(set(ids))
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"n": 2}, "n=2 is not supported"),
+    ({"temperature": 3}, "temperature=3 is not valid"),
+    ({"top_k": -1}, "top_k=-1 is not valid"),
+    ({"functions": [{"name": "f"}]}, "unsupported field(s): functions"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be"),
+])
+def test_bad_sampling_fields_are_400s_naming_them(agent, extra, needle):
+    r = httpx.post(f"{agent.url}/v1/chat/completions", timeout=60,
+                   json={"model": agent.model, "messages": USER, "max_tokens": 4, **extra})
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_sampling_knob_off_is_upstream(agent):
+    body = {"model": agent.model, "messages": USER, "max_tokens": 4, "top_k": 5}
+    on = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60)
+    off = httpx.post(f"{agent.url}/v1/chat/completions", json={**body, "pb_knobs": {"PB_REQUEST_SAMPLING": 0}},
+                     timeout=60)
+    assert on.status_code == 200 and off.status_code == 422  # upstream: unexpected field
+
+
+# ---- 0110 PB_FORCED_DECODING ----------------------------------------------------------------
+
+
+def test_forced_replies_queue(agent):
+    url = f"{agent.url}/pb/forced"
+    assert httpx.delete(url).status_code == 200
+    r = httpx.post(url, json={"replies": [{"text": "From the queue.", "when": {"tools": True}}]})
+    assert r.json() == {"queued": 1, "pending": 1}
+    assert text_of(chat(agent, max_tokens=20)) != "From the queue."  # no tools: not matched
+    assert text_of(chat(agent, tools=[WEATHER], max_tokens=20)) == "From the queue."
+    assert httpx.get(url).json()["pending"] == 0
+    bad = httpx.post(url, json={"replies": [{"text": "x", "tokens": [1]}]})
+    assert bad.status_code == 400 and "exactly one of" in bad.json()["error"]["message"]
+
+
+def test_forced_decoding_off_refuses_the_field(server_on):
+    r = httpx.post(f"{server_on.url}/v1/chat/completions", timeout=60,
+                   json={"model": server_on.model, "messages": USER, "pb_forced": {"text": "x"}})
+    assert r.status_code == 422
+    assert httpx.get(f"{server_on.url}/pb/forced").status_code == 404
+
+
+# ---- 0120 PB_REASONING_FIELD ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy,fields", [
+    ("reasoning_content", {"reasoning_content"}),
+    ("reasoning", {"reasoning"}),
+    ("both", {"reasoning_content", "reasoning"}),
+])
+def test_reasoning_field_policy(agent, policy, fields):
+    body = {"model": agent.model, "messages": USER, "max_tokens": 120, "tools": [WEATHER],
+            **forced(PB_REASONING_FIELD=policy)}
+    message = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert {k for k in ("reasoning_content", "reasoning") if k in message} == fields
+    assert all(message[k] == "The user wants the weather." for k in fields)
+    with httpx.stream("POST", f"{agent.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.iter_lines()
+                  if line.startswith("data: {") and '"choices":[{' in line]
+    assert {k for d in deltas for k in ("reasoning_content", "reasoning") if k in d} == fields
+
+
+def test_usage_counts_reasoning_and_cached_tokens(agent):
+    r = chat(agent, tools=[WEATHER], extra_body=forced())
+    details = r.usage.completion_tokens_details
+    think = len(AutoTokenizer_for(agent).encode("\n<think>The user wants the weather.</think>",
+                                                add_special_tokens=False))
+    assert 0 < details.reasoning_tokens <= think + 1
+    long = [{"role": "user", "content": "Tell me about patches. " * 40}]
+    chat(agent, messages=long, max_tokens=2)
+    again = chat(agent, messages=long, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+
+
+def AutoTokenizer_for(server):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server.model)
+
+
+# ---- 0130 PB_STRUCTURED_OUTPUT --------------------------------------------------------------
+
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "pop", "kind"],
+        "properties": {"city": {"type": "string", "maxLength": 12}, "pop": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 99},
+                       "kind": {"enum": ["town", "city"]}}}
+ASK = [{"role": "user", "content": "Give me a city."}]
+
+
+def schema_format(schema=CITY) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+
+
+def valid_city(text: str) -> dict:
+    value = json.loads(text)
+    assert set(value) == {"city", "pop", "kind"} and isinstance(value["city"], str) and len(value["city"]) <= 12
+    assert isinstance(value["pop"], int) and 0 <= value["pop"] <= 99 and value["kind"] in ("town", "city")
+    return value
+
+
+def test_json_schema_replies_follow_the_schema(agent):
+    r = chat(agent, messages=ASK, max_tokens=60, response_format=schema_format())
+    valid_city(r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       chat(agent, messages=ASK, max_tokens=60, response_format=schema_format(), stream=True)
+                       if c.choices)
+    assert streamed == r.choices[0].message.content
+    # vLLM's spellings of the same constraint give the same reply.
+    for extra in ({"guided_json": CITY}, {"structured_outputs": {"json": CITY}}):
+        assert text_of(chat(agent, messages=ASK, max_tokens=60, extra_body=extra)) == text_of(r)
+
+
+def test_a_constrained_reply_is_the_same_alone_or_beside_three_others(agent):
+    alone = text_of(chat(agent, messages=ASK, max_tokens=60, response_format=schema_format()))
+    with ThreadPoolExecutor(4) as pool:
+        mine = pool.submit(chat, agent, messages=ASK, max_tokens=60, response_format=schema_format())
+        others = [pool.submit(chat, agent, max_tokens=60, temperature=1.0) for _ in range(3)]
+        assert text_of(mine.result()) == alone
+        [o.result() for o in others]
+
+
+def test_other_constraint_kinds(agent):
+    close = {str(agent_token_id(agent, "}")): 10}  # a nudge to close the object early
+    obj = chat(agent, messages=ASK, max_tokens=60, response_format={"type": "json_object"}, logit_bias=close)
+    assert isinstance(json.loads(text_of(obj)), dict)
+    assert text_of(chat(agent, messages=ASK, max_tokens=10, extra_body={"guided_choice": ["yes", "no"]})) in ("yes",
+                                                                                                          "no")
+    regex = text_of(chat(agent, messages=ASK, max_tokens=20, extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}))
+    assert len(regex) == 6 and regex[:3].isdigit() and regex[3] == "-" and regex[4:].isalpha()
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+     "schema keyword 'uniqueItems' at $.properties.tags cannot be enforced"),
+    ({"not": {"type": "string"}}, "schema keyword 'not' at $ cannot be enforced"),
+    ({"type": "string", "format": "credit-card"}, "format 'credit-card' at $ cannot be enforced"),
+    ({"type": "number", "multipleOf": 0.5}, "schema keyword 'multipleOf' at $ cannot be enforced"),
+])
+def test_unenforceable_schemas_are_refused_by_name(agent, schema, needle):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(agent, messages=ASK, response_format=schema_format(schema))
+    assert needle in e.value.body["message"]
+
+
+def test_bad_constraints_are_400s(agent):
+    for extra, needle in [({"guided_json": CITY, "response_format": {"type": "json_object"}}, "give one"),
+                          ({"guided_regex": "[unclosed"}, "could not be compiled"),
+                          ({"response_format": {"type": "yaml"}}, "response_format.type must be")]:
+        r = httpx.post(f"{agent.url}/v1/chat/completions", timeout=60,
+                       json={"model": agent.model, "messages": ASK, "max_tokens": 5, **extra})
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_structured_output_knob_off_is_upstream(agent):
+    body = {"response_format": schema_format(), "pb_knobs": {"PB_STRUCTURED_OUTPUT": 0}}
+    text = text_of(chat(agent, messages=ASK, max_tokens=20, extra_body=body))
+    with pytest.raises(ValueError):
+        json.loads(text)  # upstream ignores response_format
+
+
+# ---- 0140 PB_TOOL_CHOICE --------------------------------------------------------------------
+
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+BOUNDED = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city", "days"],
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+
+
+def calls(r) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls or []]
+
+
+def tool_chat(agent, **kw):
+    # The random model would think forever; with thinking off the grammar applies at once.
+    return chat(agent, tools=[BOUNDED, NOW], reasoning_effort="none", max_tokens=80, **kw)
+
+
+def test_tool_choice_required_and_named_are_enforced(agent):
+    required = calls(tool_chat(agent, tool_choice="required"))
+    assert required and all(name in ("weather", "now") for name, _ in required)
+    named = tool_chat(agent, tool_choice={"type": "function", "function": {"name": "weather"}})
+    ((name, args),) = calls(named)
+    assert name == "weather" and named.choices[0].finish_reason == "tool_calls"
+    assert isinstance(args["city"], str) and 1 <= args["days"] <= 7
+    assert calls(tool_chat(agent, tool_choice={"type": "function", "function": {"name": "now"}})) == [("now", {})]
+    single = tool_chat(agent, tool_choice="required", parallel_tool_calls=False)
+    assert len(calls(single)) == 1 and single.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_forbids_calls(agent):
+    opener = {str(agent_token_id(agent, "<tool_call>")): 100}
+    assert calls(tool_chat(agent, logit_bias=opener))  # the nudge alone makes a call (auto)
+    r = tool_chat(agent, logit_bias=opener, tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" not in (r.choices[0].message.content or "")
+
+
+def test_bad_tool_choices_are_400s(agent):
+    for kw, needle in [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "names 'nope', which is not among"),
+        ({"tool_choice": "sometimes"}, "tool_choice must be none, auto, required"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            tool_chat(agent, **kw)
+        assert needle in e.value.body["message"]
+    loose = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "array", "uniqueItems": True}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(agent, tools=[loose], tool_choice="required")
+    assert "tools[f].parameters: schema keyword 'uniqueItems' at $.properties.x" in e.value.body["message"]
+
+
+def test_tool_choice_knob_off_is_upstream(agent):
+    r = tool_chat(agent, tool_choice="required", extra_body={"pb_knobs": {"PB_TOOL_CHOICE": 0}})
+    assert r.choices[0].message.tool_calls is None  # upstream does not enforce it
