@@ -58,7 +58,8 @@ def serving_requirements() -> list[str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     reqs = [r for r in data["project"]["dependencies"] + data["project"]["optional-dependencies"]["engine"]
             if not r.lower().startswith(("torch==", "transformers=="))]
-    # transformers' own dependencies come along when the wheelhouse resolves it.
+    # The pristine release is installed first (its dependencies, and packages that require it,
+    # such as xgrammar, resolve against it); the patched wheel then replaces it alone.
     return reqs + [f"{Lock.read().name}=={Lock.read().version}"]
 
 
@@ -315,11 +316,11 @@ def build_context(series: Series, build_id: str, lock: Lock, extra_ca: Path | No
     shutil.copy(DOCKER_DIR / "Dockerfile", context / "Dockerfile")
     add_ca_bundle(context, extra_ca)
     reqs = serving_requirements()
-    wheels = wheelhouse(reqs, drop=("torch", lock.name), progress=progress)
+    wheels = wheelhouse(reqs, drop=("torch",), progress=progress)
     (context / "wheelhouse").mkdir()
     for wheel in wheels.glob("*.whl"):
         _link_or_copy(wheel, context / "wheelhouse" / wheel.name)
-    (context / "requirements.txt").write_text("\n".join(r for r in reqs if not r.startswith(lock.name)) + "\n")
+    (context / "requirements.txt").write_text("\n".join(reqs) + "\n")
     tree = context / "patchbay"
     _copy_tree(ROOT / "src" / "patchbay", tree / "src" / "patchbay")
     _copy_tree(series.dir, tree / "patches")
