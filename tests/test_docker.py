@@ -236,9 +236,11 @@ def test_one_rank_serves_like_the_local_engine_and_the_watchdog_restarts_it(clie
     assert not pair_containers(client, pair)
     assert patchbay("status", "--config", str(path)).returncode == 3
     assert "not running" in patchbay("stop", "--config", str(path)).stdout
+    # Restarts and stops keep the verified weights manifest (its own volume): nothing is re-hashed.
+    assert "(0 hashed, " in patchbay("preflight", "--config", str(path)).stdout
 
 
-def test_two_ranks_reply_like_one_and_a_dead_worker_is_a_503(client, tmp_path, served_image, server_on):
+def test_two_ranks_reply_like_one_a_dead_worker_is_a_503_and_the_watchdog_restarts_the_pair(client, tmp_path, served_image, server_on):
     path, values = write_env(tmp_path, worker="local")
     port, pair = int(values["PORT"]), values["PAIR"]
     try:
@@ -261,6 +263,12 @@ def test_two_ranks_reply_like_one_and_a_dead_worker_is_a_503(client, tmp_path, s
             code = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
                               json={"model": model, "messages": CHAT, "max_tokens": 4}).status_code
         assert code == 503
+
+        w = patchbay("watch", "--once", "--config", str(path))  # the watchdog brings the pair back
+        assert w.returncode == 0 and "restarting the pair (rank 1 exited (137))" in w.stdout, w.stdout + w.stderr
+        st = patchbay("status", "--config", str(path))
+        assert st.returncode == 0 and f"{pair}-rank1  running" in st.stdout, st.stdout
+        assert chat(port, model)["choices"][0]["message"]["content"]
     finally:
         patchbay("stop", "--config", str(path))
     assert not pair_containers(client, pair)
