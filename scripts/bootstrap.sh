@@ -21,7 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 echo "patchbay: installing pinned dependencies into $venv (a few minutes the first time)" >&2
 log="$venv/.patchbay-install.log"
-if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[engine,test,bench]" >"$log" 2>&1; then
+if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[engine,test,bench,docker]" >"$log" 2>&1; then
     # The host's pip configuration may name index folders that do not exist; pip warns about each.
     grep -v '^WARNING: Location .* is ignored' "$log" >&2 || true
     echo "patchbay: installing dependencies failed; the full log is $log" >&2

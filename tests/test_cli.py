@@ -52,3 +52,18 @@ def test_synth_air12_is_exit_2_in_one_line(tmp_path):
     proc = patchbay("synth", "air12", str(tmp_path / "x"))
     assert_one_line_error(proc, 2, "patchbay synth: ", "air12")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("verb", ["preflight", "watch"])
+def test_docker_verbs_refuse_the_local_runtime_in_one_line(verb, tmp_path):
+    cfg = tmp_path / "local.env"
+    cfg.write_text("RUNTIME=local\nPORT=18123\n")
+    proc = patchbay(verb, "--config", str(cfg))
+    assert_one_line_error(proc, 2, "RUNTIME=local; this verb is for RUNTIME=docker")
+
+
+def test_a_docker_config_with_a_bad_node_is_exit_2_in_one_line(tmp_path):
+    cfg = tmp_path / "pair.env"
+    cfg.write_text("RUNTIME=docker\nTP=2\nWORKER=gpu-node-2\nPB_TENSOR_PARALLEL=1\n")
+    proc = patchbay("preflight", "--config", str(cfg))
+    assert_one_line_error(proc, 2, "WORKER=gpu-node-2 is not a node (allowed: local, ssh://user@host")

@@ -98,7 +98,16 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     ("CONTINUOUS_BATCHING=yes", "CONTINUOUS_BATCHING=yes is not a valid value (allowed: 0, 1)"),
     ("HOST=not-an-ip", "HOST=not-an-ip is not an IP address"),
     ("MODEL=relative/path", "MODEL=relative/path must be synthetic:tiny or a local checkpoint folder"),
-    ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local)"),
+    ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local, docker)"),
+    ("WORKER=gpu2", "WORKER=gpu2 is not a node (allowed: local, ssh://user@host, or empty for one node)"),
+    ("HEAD=", "HEAD= is not a node (allowed: local, ssh://user@host)"),
+    ("HEAD_ADDR=10.0.0.1 x", "HEAD_ADDR=10.0.0.1 x is not an IP address or host name"),
+    ("GLOO_IFNAME=eth0;rm", "GLOO_IFNAME=eth0;rm is not a network interface name"),
+    ("RUNTIME=docker\nWORKER=local", "RUNTIME=docker runs one rank per node: TP=2 with a WORKER, or TP=1 "
+     "without one (got TP=1, WORKER=local)"),
+    ("RUNTIME=docker\nTP=2\nPB_TENSOR_PARALLEL=1", "RUNTIME=docker runs one rank per node"),
+    ("MIN_DISK_GIB=-1", "MIN_DISK_GIB=-1 must be 0 or more"),
+    ("PAIR=My Pair", "PAIR=My Pair must be a container name prefix"),
     ("READY_TIMEOUT=0", "READY_TIMEOUT=0 must be at least 1"),
     ("SYNTH_SEED=", "SYNTH_SEED= is not an integer"),
     ("TP=0", "TP=0 is out of range (allowed: 1-8)"),
@@ -124,7 +133,7 @@ def test_relative_path_is_reported_relative_to_the_repo(monkeypatch):
     assert cfg.source == "config/minimal.env.example"
 
 
-@pytest.mark.parametrize("name", ["local.env.example", "minimal.env.example"])
+@pytest.mark.parametrize("name", ["local.env.example", "minimal.env.example", "prod.env.example"])
 def test_shipped_examples_load_and_set_only_real_knobs(name):
     cfg = config.load(ROOT / "config" / name, environ={})
     assert cfg.source == f"config/{name}"

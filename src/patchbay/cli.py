@@ -63,6 +63,10 @@ def cmd_check(args) -> int:
 def cmd_build(args) -> int:
     from . import build
 
+    if not (args.pristine or args.wheel) and (args.image or _config(args).runtime == "docker"):
+        from . import docker_cli
+
+        return docker_cli.build(_config(args), _series(), args)
     engine = build.build(None if args.pristine else _series())
     print(f"{engine.build_id}: wheel {engine.wheel.relative_to(ROOT)}, engine {engine.site.relative_to(ROOT)}")
     return 0
@@ -161,6 +165,10 @@ def cmd_start(args) -> int:
     from .knobs import validate_settings
 
     cfg = _config(args)
+    if cfg.runtime == "docker":
+        from . import docker_cli
+
+        return docker_cli.start(cfg, _series(), docker_cli._model(cfg))
     series = _series()
     errors = validate_settings(series.knobs(), cfg.knobs, cfg.source)
     if errors:
@@ -180,6 +188,10 @@ def cmd_start(args) -> int:
 def cmd_stop(args) -> int:
     from . import launch
 
+    if _config(args).runtime == "docker":
+        from . import docker_cli
+
+        return docker_cli.stop(_config(args))
     pids = launch.stop(launch.RunFiles(_config(args).run_path))
     if not pids:
         print("not running")
@@ -193,6 +205,10 @@ def cmd_stop(args) -> int:
 def cmd_status(args) -> int:
     from . import launch
 
+    if _config(args).runtime == "docker":
+        from . import docker_cli
+
+        return docker_cli.status(_config(args))
     info = launch.running(launch.RunFiles(_config(args).run_path))
     if not info:
         print("not running")
@@ -217,6 +233,10 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     from . import launch
 
+    if _config(args).runtime == "docker":
+        from . import docker_cli
+
+        return docker_cli.logs(_config(args), args.rank, args.lines, args.follow)
     files = launch.RunFiles(_config(args).run_path)
     log = files.rank_log(args.rank)
     if not log.is_file():
@@ -247,8 +267,15 @@ def parser() -> argparse.ArgumentParser:
     verb("upstream", cmd_upstream, "materialize and verify the pristine source in upstream/")
     verb("check", cmd_check, "validate the series: headers, knobs, order, zero-fuzz apply")
     b = verb("build", cmd_build, "apply the series and build the engine wheel (skipped when unchanged)")
-    b.add_argument("--wheel", action="store_true", help="(the default) build the wheel and its engine folder")
+    b.add_argument("--wheel", action="store_true", help="build the wheel and its engine folder (the default with RUNTIME=local)")
     b.add_argument("--pristine", action="store_true", help="build upstream with no patches")
+    b.add_argument("--image", action="store_true",
+                   help="build the serving image (the default with RUNTIME=docker) and copy it to the worker")
+    b.add_argument("--config", help="config file (RUNTIME=docker builds the image; default: config/local.env, "
+                                    "else config/local.env.example)")
+    bi = verb("base-image", lambda a: __import__("patchbay.docker_cli").docker_cli.base_image(a),
+              "build the offline base image (debootstrap, the host's apt mirror, the host's torch wheel)")
+    bi.add_argument("--mirror", help="Debian mirror URL (default: the host's own, from /etc/apt)")
     d = verb("docs", cmd_docs, "regenerate docs/PATCHES.md from the patch headers")
     d.add_argument("--check", action="store_true", help="only report whether it is stale")
     r = verb("rebase", cmd_rebase, "report how the series applies to another upstream release")
@@ -268,13 +295,20 @@ def parser() -> argparse.ArgumentParser:
     for name, fn, help in (("start", cmd_start, "build what is missing and start serving; ready = a streamed token"),
                            ("stop", cmd_stop, "stop the server"),
                            ("status", cmd_status, "what is running: ranks, build, knobs, model, pid, health"),
-                           ("logs", cmd_logs, "show the server log")):
+                           ("logs", cmd_logs, "show the server log of rank RANK (default 0)"),
+                           ("preflight", lambda a: __import__("patchbay.docker_cli").docker_cli.preflight(_config(a)),
+                            "RUNTIME=docker: check both nodes before a start (PASS/FAIL, each FAIL with its fix)"),
+                           ("watch", lambda a: __import__("patchbay.docker_cli").docker_cli.watch(_config(a), a),
+                            "RUNTIME=docker: restart the pair whenever a rank dies or the head stops answering")):
         v = verb(name, fn, help)
         v.add_argument("--config", help="config file (default: config/local.env, else config/local.env.example)")
         if name == "logs":
             v.add_argument("rank", nargs="?", type=int, default=0, help="tensor-parallel rank (default: 0)")
             v.add_argument("-n", "--lines", type=int, default=50)
             v.add_argument("-f", "--follow", action="store_true")
+        if name == "watch":
+            v.add_argument("--interval", type=float, default=5.0, help="seconds between checks (default 5)")
+            v.add_argument("--once", action="store_true", help="check once, restart if needed, then exit")
     return p
 
 
@@ -282,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     from .build import BuildError
     from .devtree import SeriesError
     from .gitutil import GitError
+    from .image import ImageError
     from .launch import LaunchError
+    from .nodes import NodeError
     from .upstream import UpstreamError
 
     args = parser().parse_args(argv)
@@ -291,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     except Fail as e:
         print(f"patchbay {args.verb}: {e}", file=sys.stderr)
         return e.code
-    except (UpstreamError, SeriesError, BuildError, LaunchError, GitError) as e:
+    except (UpstreamError, SeriesError, BuildError, LaunchError, GitError, ImageError, NodeError) as e:
         print(f"patchbay {args.verb}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

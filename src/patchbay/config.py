@@ -17,6 +17,8 @@ from pathlib import Path
 from . import ROOT
 
 CONFIG_DIR = ROOT / "config"
+_SSH_RE = re.compile(r"ssh://[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+(:\d+)?")
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
 
 
 class ConfigError(ValueError):
@@ -28,7 +30,7 @@ class Config:
     model: str = "synthetic:tiny"  # synthetic:tiny, or a local checkpoint folder
     host: str = "127.0.0.1"
     port: int = 8000
-    runtime: str = "local"  # local: a process on this machine
+    runtime: str = "local"  # local: a process on this machine; docker: containers on HEAD (and WORKER)
     device: str = "cpu"  # passed to `transformers serve --device`
     continuous_batching: bool = True
     synth_seed: int = 0
@@ -37,13 +39,48 @@ class Config:
     tp: int = 1  # tensor-parallel ranks; > 1 needs PB_TENSOR_PARALLEL=1 (local: all ranks on this machine)
     rdzv_port: int = 29500  # torch.distributed rendezvous port on rank 0's host (MASTER_PORT)
     run_dir: str = ".run"  # pid, log and state of the running server (relative to the repo)
+    # RUNTIME=docker: where the ranks run (`local`, or `ssh://user@host` through the Docker SDK),
+    # the addresses the ranks reach each other on (the rendezvous port is RDZV_PORT), and what
+    # each node must have.
+    head: str = "local"
+    worker: str = ""  # empty: one rank on the head only
+    head_addr: str = "127.0.0.1"  # MASTER_ADDR: the head's address as the worker reaches it
+    worker_addr: str = "127.0.0.1"  # the worker's address as the head reaches it
+    gloo_ifname: str = ""  # GLOO_SOCKET_IFNAME on both nodes (empty: gloo picks)
+    nccl_ifname: str = ""  # NCCL_SOCKET_IFNAME on both nodes (empty: nccl picks)
+    gpus_per_node: int = 0  # GPUs each rank needs (0: CPU)
+    gpu_min_free_gib: int = 0  # free memory each of those GPUs must have
+    min_mem_gib: int = 2  # MemAvailable each node must have
+    min_disk_gib: int = 5  # free space under Docker's data root on each node
+    pair: str = "patchbay"  # container names: <PAIR>-rank0, <PAIR>-rank1
+    base_image: str = ""  # empty: the offline base `patchbay base-image` makes
+    extra_ca_bundle: str = ""  # PEM file added to the image's CA bundle (TLS-intercepting proxies)
     knobs: dict = field(default_factory=dict)  # PB_* name -> raw value
     source: str = "defaults"
 
     def __post_init__(self):
         where = self.source
-        if self.runtime not in ("local",):
-            raise ConfigError(f"{where}: RUNTIME={self.runtime} is not supported (allowed: local)")
+        if self.runtime not in ("local", "docker"):
+            raise ConfigError(f"{where}: RUNTIME={self.runtime} is not supported (allowed: local, docker)")
+        for key, value, empty_ok in (("HEAD", self.head, False), ("WORKER", self.worker, True)):
+            if not (value == "local" or (empty_ok and value == "") or _SSH_RE.fullmatch(value)):
+                raise ConfigError(f"{where}: {key}={value} is not a node (allowed: local, ssh://user@host"
+                                  + (", or empty for one node)" if empty_ok else ")"))
+        for key, value in (("HEAD_ADDR", self.head_addr), ("WORKER_ADDR", self.worker_addr)):
+            if not _HOST_RE.fullmatch(value):
+                raise ConfigError(f"{where}: {key}={value} is not an IP address or host name")
+        for key, value in (("GLOO_IFNAME", self.gloo_ifname), ("NCCL_IFNAME", self.nccl_ifname)):
+            if value and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
+                raise ConfigError(f"{where}: {key}={value} is not a network interface name (e.g. eth0)")
+        if self.runtime == "docker" and (self.tp > 2 or (self.tp == 2) != bool(self.worker)):
+            raise ConfigError(f"{where}: RUNTIME=docker runs one rank per node: TP=2 with a WORKER, or TP=1 "
+                              f"without one (got TP={self.tp}, WORKER={self.worker or 'empty'})")
+        for key, value in (("GPUS_PER_NODE", self.gpus_per_node), ("GPU_MIN_FREE_GIB", self.gpu_min_free_gib),
+                           ("MIN_MEM_GIB", self.min_mem_gib), ("MIN_DISK_GIB", self.min_disk_gib)):
+            if value < 0:
+                raise ConfigError(f"{where}: {key}={value} must be 0 or more")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,40}", self.pair):
+            raise ConfigError(f"{where}: PAIR={self.pair} must be a container name prefix (a-z, 0-9, _ . -)")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"{where}: PORT={self.port} is out of range (allowed: 1-65535)")
         try:
@@ -75,6 +112,10 @@ class Config:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def world_size(self) -> int:
+        return self.tp
 
     def knobs_on(self) -> dict:
         return dict(sorted(self.knobs.items()))

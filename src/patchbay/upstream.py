@@ -95,7 +95,9 @@ def unpack_sdist(tarball: Path, dest: Path) -> None:
     """Unpack into dest, dropping the archive's single top-level folder."""
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tarball) as tar, tempfile.TemporaryDirectory() as tmp:
-        tar.extractall(tmp, filter="data")
+        # The data filter refuses links and paths that leave tmp; Python before 3.11.4 (Debian
+        # bookworm's 3.11.2, inside the image) lacks it, and the sdist's sha256 was checked anyway.
+        tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         tops = list(Path(tmp).iterdir())
         if len(tops) != 1 or not tops[0].is_dir():
             raise UpstreamError(f"{tarball.name}: expected one top-level folder, found {len(tops)}")
