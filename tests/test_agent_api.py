@@ -6,6 +6,7 @@ The tiny model's weights are random, so replies that must hold a tool call are f
 request (`pb_knobs`) to show upstream's behaviour next to it.
 """
 
+import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -128,13 +129,18 @@ def test_no_markup_in_content_of_random_replies(agent):
 # ---- 0070 PB_GLM_MESSAGES -------------------------------------------------------------------
 
 
-def rendered(server, messages, **extra) -> str:
+@functools.cache
+def tokenizer(model: str):
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(model)
+
+
+def rendered(server, messages, **extra) -> str:
     r = httpx.post(f"{server.url}/tokenize", json={"model": server.model, "messages": messages, **extra},
                    timeout=60)
     assert r.status_code == 200, r.text
-    return AutoTokenizer.from_pretrained(server.model).decode(r.json()["tokens"])
+    return tokenizer(server.model).decode(r.json()["tokens"])
 
 
 HISTORY = [
@@ -229,9 +235,7 @@ def test_stop_logprobs_and_penalties(agent):
 
 
 def agent_token_id(server, text: str) -> int:
-    from transformers import AutoTokenizer
-
-    (token,) = AutoTokenizer.from_pretrained(server.model).encode(text, add_special_tokens=False)
+    (token,) = tokenizer(server.model).encode(text, add_special_tokens=False)
     return token
 
 
@@ -314,7 +318,7 @@ def test_reasoning_field_policy(agent, policy, fields):
 def test_usage_counts_reasoning_and_cached_tokens(agent):
     r = chat(agent, tools=[WEATHER], extra_body=forced())
     details = r.usage.completion_tokens_details
-    think = len(AutoTokenizer_for(agent).encode("\n<think>The user wants the weather.</think>",
+    think = len(tokenizer(agent.model).encode("\n<think>The user wants the weather.</think>",
                                                 add_special_tokens=False))
     assert 0 < details.reasoning_tokens <= think + 1
     long = [{"role": "user", "content": "Tell me about patches. " * 40}]
@@ -323,11 +327,6 @@ def test_usage_counts_reasoning_and_cached_tokens(agent):
     assert again.usage.prompt_tokens_details.cached_tokens > 0
     assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
 
-
-def AutoTokenizer_for(server):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(server.model)
 
 
 # ---- 0130 PB_STRUCTURED_OUTPUT --------------------------------------------------------------
