@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -16,10 +17,34 @@ import pytest
 from patchbay import ROOT, build, config, launch, series
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range. A port the kernel handed out
+    (bind to 0) can be taken again by any outgoing connection (gloo opens many) before the
+    server binds it; one below that range only by another listener."""
+    rng = random.Random()  # seeded from the OS: concurrent test runs spread out
+    floor = _ephemeral_floor()
+    for _ in range(500):
+        port = rng.randint(max(1024, floor - 12000), floor - 1)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @pytest.fixture(scope="session", autouse=True)
