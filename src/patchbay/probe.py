@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from .upstream import sha256_file
+
 
 def mem(need_gib: float) -> tuple[bool, str]:
     text = Path("/proc/meminfo").read_text()
@@ -87,14 +89,6 @@ def gpus(count: int, min_free_gib: float) -> tuple[bool, str]:
     return len(good) >= count, f"{detail} (need {count} with {min_free_gib} GiB free)"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model(path: str, cache: str) -> tuple[bool, str, dict]:
     """Hash every file of the checkpoint; a file whose Hugging Face cache blob is named by its
     sha256 must match that name. Hashes are reused from the cached manifest while a file's size
@@ -117,7 +111,7 @@ def model(path: str, cache: str) -> tuple[bool, str, dict]:
         if old and old["size"] == st.st_size and old["mtime_ns"] == st.st_mtime_ns:
             digest = old["sha256"]
         else:
-            digest, hashed = _sha256(item), hashed + 1
+            digest, hashed = sha256_file(item), hashed + 1
         blob = Path(os.path.realpath(item)).name
         if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:
             bad.append(rel)
