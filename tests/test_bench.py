@@ -311,3 +311,33 @@ def test_ab_restarts_two_configs_alternately(tmp_path, patched_engine, tiny_mode
     summary = json.loads((window / "summary.json").read_text())
     assert all(row["replies"]["equal"] for row in summary["levels"]["1"]["prompts"].values())
     assert not (ROOT / ".run" / "ab" / "server.pid").exists()  # nothing left running
+
+
+@pytest.mark.engine
+def test_ab_between_two_servers_side_by_side(server_off, server_on, tmp_path):
+    """Settings read at start, A/B tested on two live servers: passes still alternate A B A B,
+    each arm's requests go to its own server, and the window names both."""
+    proc = patchbay("ab", "--url", server_off.url, "--b-url", server_on.url, "--model", server_off.model,
+                    "--suites", "count",
+                    "--max-tokens", "4", "--reps", "2", "--warmup", "0", "--window", "two-servers",
+                    "--results-dir", str(tmp_path), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    window = next(tmp_path.iterdir())
+    cfg = json.loads((window / "config.json").read_text())
+    assert cfg["url"] == server_off.url and cfg["b_server"]["url"] == server_on.url
+    assert cfg["arms"] == {"A": {}, "B": {}}
+    assert cfg["knobs_hash"] != cfg["b_server"]["knobs_hash"]  # the two servers run other knob sets
+    raw = windows.read_raw(window)
+    assert not any(r["error"] for r in raw)
+    # Only the server with PB_FINGERPRINT on sends a fingerprint: each arm went to its own server.
+    assert {r["arm"] for r in raw if r["fingerprint"]} == {"B"}
+    assert [r["arm"] for r in raw if r["rep"] == 1][0] == "B"  # B first on odd reps
+
+
+@pytest.mark.engine
+def test_ab_refuses_a_b_server_with_another_model(server_off, server_on, tmp_path):
+    proc = patchbay("ab", "--url", server_off.url, "--b-url", server_on.url, "--model", "other-model",
+                    "--suites", "count", "--window", "x", "--results-dir", str(tmp_path), "--quiet")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not other-model" in proc.stderr and "same model" in proc.stderr
+    assert not list(tmp_path.iterdir())

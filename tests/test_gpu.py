@@ -37,3 +37,44 @@ def test_assemble_sets_parts_next_to_the_roofline(tmp_path):
     text = (window / "SUMMARY.md").read_text()
     assert "| one | C" in text and "note two" in text and "0 differing responses" in text
     assert (window / "one" / "raw.jsonl").is_file() and (window / "two" / "SUMMARY.md").is_file()
+
+
+def test_parse_env_takes_only_pb_names():
+    assert gpu.parse_env('{"PB_GRAPH_BUCKETS": 1, "PB_X": true, "PB_Y": "a"}', "--b-env") == \
+        {"PB_GRAPH_BUCKETS": "1", "PB_X": "1", "PB_Y": "a"}
+    for bad in ('{"HOME": "/"}', '[1]', "{not json"):
+        with pytest.raises(SystemExit, match="--a-env"):
+            gpu.parse_env(bad, "--a-env")
+
+
+@pytest.mark.engine
+def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_model, tmp_path):
+    """gpu_profile's passes on the tiny model (no GPU, so no kernel table): a knob setting is
+    applied and checked, replies are hashed, a cold prompt is timed."""
+    import os
+    import subprocess
+    import sys
+
+    from patchbay import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    env["PYTHONPATH"] = f"{patched_engine.site}:{ROOT / 'src'}"
+    cmd = [sys.executable, "-m", "patchbay.gpu_profile", "--out", str(tmp_path), "--model", tiny_model,
+           "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--setting", "eager",
+           "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2]}']
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "profile.json").read_text())
+    assert record["settings"]["knob"]["knobs"] == {"PB_GRAPH_BUCKETS": 1}
+    rows = [p for p in record["passes"] if "aggregate_tok_s" in p]
+    assert [(p["setting"], p["concurrency"]) for p in rows] == [("eager", 1), ("eager", 2), ("knob", 2)]
+    assert all(p["generated"] == 6 * p["concurrency"] and p["aggregate_tok_s"] > 0 for p in rows)
+    # without CUDA graphs the knob changes nothing: the same replies
+    assert rows[1]["replies_sha"] == rows[2]["replies_sha"]
+    prefill = [p for p in record["passes"] if "prefill_tokens" in p]
+    assert len(prefill) == 2 and all(p["ttft_s"] > 0 for p in prefill)
+
+    bad = cmd[:-2] + ["--setting", 'x={"knobs": {"PB_NOT_A_KNOB": 1}}']
+    proc = subprocess.run(bad, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "PB_NOT_A_KNOB is not a knob of this build" in proc.stderr
+    assert "Traceback" not in proc.stderr

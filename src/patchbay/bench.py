@@ -46,6 +46,10 @@ class Plan:
     timeout: float = 600.0  # per request, seconds
     time_limit: float = 3600.0  # whole run: no new pass starts after this many seconds
     suites: list = field(default_factory=list)
+    b_url: str | None = None  # arm B served by another server (same model), else by `url`
+
+    def url_of(self, arm: str) -> str:
+        return self.b_url if arm == "B" and self.b_url else self.url
 
 
 def parse_value(raw: str):
@@ -99,14 +103,15 @@ def _reply_text(delta: dict) -> str:
     return text
 
 
-def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float) -> dict:
+def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm: str = "A") -> dict:
     """Send one streamed request; its timings (seconds since `epoch`), usage and reply hash."""
     rec: dict = {"t_start": time.perf_counter() - epoch, "t_first": None, "t_last": None,
                  "completion_tokens": None, "prompt_tokens": None, "finish_reason": None,
                  "fingerprint": None, "text_sha256": None, "error": None}
     text: list[str] = []
     try:
-        with client.stream("POST", f"{plan.url}/v1/chat/completions", json=body, timeout=plan.timeout) as r:
+        with client.stream("POST", f"{plan.url_of(arm)}/v1/chat/completions", json=body,
+                           timeout=plan.timeout) as r:
             if r.status_code != 200:
                 rec["error"] = f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}"
                 return rec
@@ -146,7 +151,7 @@ def run_pass(client, plan: Plan, arm: str, level: int, rep: int, epoch: float, o
 
     def one(job):
         prompt, copy = job
-        rec = run_request(client, plan, request_body(plan, prompt, arm), epoch)
+        rec = run_request(client, plan, request_body(plan, prompt, arm), epoch, arm)
         rec.update(prompt=prompt.id, suite=prompt.suite, copy=copy)
         on_done()
         return rec
@@ -212,6 +217,16 @@ def run(plan: Plan, sink, progress=None, switch=None) -> bool:
 # ---- before the run: what the server is, whether it takes both arms, fitting the prompts -------
 
 
+def listed_models(url: str, timeout: float = 30.0) -> list[str]:
+    """The model ids a server's /v1/models lists ([] when it lists none or cannot)."""
+    try:
+        r = httpx.get(f"{url}/v1/models", timeout=timeout)
+        data = r.json().get("data") or [] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+    return [entry["id"] for entry in data if isinstance(entry, dict) and "id" in entry]
+
+
 def server_info(url: str, model: str | None, timeout: float = 30.0) -> dict:
     """The model id (given, or the first one /v1/models lists) and the build id the server reports."""
     info = {"build": "unknown", "knobs_hash": None, "model": model}
@@ -248,7 +263,8 @@ def check_arms(plan: Plan) -> str | None:
     for arm in "AB":
         body = {**request_body(plan, probe, arm, max_tokens=1)}
         try:
-            with httpx.stream("POST", f"{plan.url}/v1/chat/completions", json=body, timeout=plan.timeout) as r:
+            with httpx.stream("POST", f"{plan.url_of(arm)}/v1/chat/completions", json=body,
+                              timeout=plan.timeout) as r:
                 r.read()
         except httpx.HTTPError as e:
             raise BenchError(f"arm {arm}: request failed ({type(e).__name__}: {e})") from None
@@ -336,6 +352,8 @@ def execute(plan: Plan, server: dict, window=None, command: str = "", progress=N
               "arms": plan.arms, "suites": plan.suites, "levels": plan.levels, "reps": plan.reps,
               "warmup": plan.warmup, "max_tokens": plan.max_tokens, "seed": plan.seed,
               "prompts": [{"id": p.id, "suite": p.suite, "body_words": p.words()} for p in plan.prompts]}
+    if plan.b_url:  # arm B on its own server
+        config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"), "knobs_hash": server.get("b_knobs_hash")}
     if restarts:
         config["restarts"] = restarts  # arm -> the server configuration it was restarted with
     if window:

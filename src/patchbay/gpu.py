@@ -53,7 +53,8 @@ def gather_wheels(dest: Path, engine_wheels: list[Path]) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
-def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.0.1", compile: bool = False):
+def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.0.1", compile: bool = False,
+                num_blocks: int | None = None):
     """Start the engine's server in this process with air12 registered; returns the Serve object."""
     import torch
     from transformers.cli.serve import Serve
@@ -71,7 +72,8 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)
     # --compile reaches only upstream's sequential path (static cache + torch.compile), not its batching.
     serve = Serve(force_model=None, continuous_batching=not compile, cb_use_cuda_graph=cuda_graphs or None,
-                  compile=compile, host=host, port=port, device="cuda", log_level="info", non_blocking=True)
+                  compile=compile, host=host, port=port, device="cuda", log_level="info", non_blocking=True,
+                  cb_num_blocks=num_blocks)
     manager = serve._model_manager
     manager.model_timeout = -1
     manager.loaded_models[f"{AIR12}@main"] = TimedModel(model, timeout_seconds=-1, processor=tokenizer)
@@ -79,37 +81,90 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     return serve
 
 
-def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
-                env: dict | None = None, compile: bool = False) -> int:
-    """Start `serve` in its own process (the load generator must not share its interpreter),
-    wait for a streamed token, run job(url), stop the server. Returns job's exit code."""
+def start_server(cuda_graphs: bool, port: int, log: Path, env: dict | None = None, compile: bool = False,
+                 ready_timeout: float = 900.0, num_blocks: int | None = None) -> subprocess.Popen:
+    """`serve` in its own process (the load generator must not share its interpreter), returned
+    once it has streamed a token; RuntimeError with the log's tail when it exits or never gets there."""
     from .launch import first_streamed_token, log_tail
 
-    log = log or Path(f"/tmp/pb-air12-{port}.log")
     cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)]
     cmd += (["--cuda-graphs"] if cuda_graphs else []) + (["--compile"] if compile else [])
+    cmd += ["--num-blocks", str(num_blocks)] if num_blocks else []
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
+    while not first_streamed_token(url, AIR12):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_tail(log, 40)}")
+        if time.monotonic() - t0 > ready_timeout:
+            stop_server(proc)
+            raise RuntimeError(f"server not ready in {ready_timeout:.0f}s:\n{log_tail(log, 40)}")
+        time.sleep(2)
+    print(f"ready in {time.monotonic() - t0:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
+          f"{', compile, no batching' if compile else ''})", flush=True)
+    return proc
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        while not first_streamed_token(url, AIR12):
-            if proc.poll() is not None:
-                print(f"server exited with {proc.returncode}:\n{log_tail(log, 40)}", flush=True)
-                return 1
-            if time.monotonic() - t0 > ready_timeout:
-                print(f"server not ready in {ready_timeout:.0f}s:\n{log_tail(log, 40)}", flush=True)
-                return 1
-            time.sleep(2)
-        print(f"ready in {time.monotonic() - t0:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
-              f"{', compile, no batching' if compile else ''})", flush=True)
-        return job(url)
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
+                env: dict | None = None, compile: bool = False) -> int:
+    """Start `serve`, run job(url), stop the server. Returns job's exit code."""
+    log = log or Path(f"/tmp/pb-air12-{port}.log")
+    try:
+        proc = start_server(cuda_graphs, port, log, env, compile, ready_timeout)
+    except RuntimeError as e:
+        print(e, flush=True)
+        return 1
+    try:
+        return job(f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int, logs: Path,
+                 ab_args: list[str]) -> int:
+    """`patchbay ab` between two servers on one GPU, for settings read at start: A on `port` with
+    envs[0], B on port + 1 with envs[1], each air12 from the same seed with a fixed KV pool (two
+    54 GB models and their pools fit an H200). The passes alternate A B A B as for per-request
+    knobs, one server busy at a time."""
+    from .cli import main as patchbay_main
+
+    logs.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    procs = []
+    try:
+        for n, (arm, env) in enumerate(zip("AB", envs)):
+            print(f"arm {arm}: {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
+            procs.append(start_server(cuda_graphs, port + n, logs / f"server-{arm}.log", {**base, **env},
+                                      num_blocks=num_blocks))
+        return patchbay_main(["ab", "--url", f"http://127.0.0.1:{port}", "--b-url", f"http://127.0.0.1:{port + 1}",
+                              "--model", AIR12, *ab_args])
+    except RuntimeError as e:
+        print(e, flush=True)
+        return 1
+    finally:
+        for proc in procs:
+            stop_server(proc)
+
+
+def parse_env(text: str, flag: str) -> dict[str, str]:
+    """An arm's environment from --a-env/--b-env: a JSON object of PB_* names to values."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise SystemExit(f"{flag}: not JSON ({e})")
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.startswith("PB_") for k in value):
+        raise SystemExit(f"{flag}: expected a JSON object of PB_* names to values, e.g. '{{\"PB_X\": \"1\"}}'")
+    return {k: "1" if v is True else "0" if v is False else str(v) for k, v in value.items()}
 
 
 def exact_job(out: Path) -> int:
@@ -231,10 +286,16 @@ def main(argv: list[str]) -> int:
     s.add_argument("--cuda-graphs", action="store_true", help="upstream's --cb-use-cuda-graph")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--compile", action="store_true", help="upstream's --compile (sequential path, no batching)")
+    s.add_argument("--num-blocks", type=int, help="KV cache pages of 256 tokens (default: upstream's, from free memory)")
     b = sub.add_parser("ab", help="serve air12, run `patchbay ab` against it, stop (ab's own flags follow --)")
     b.add_argument("--port", type=int, default=8000)
     b.add_argument("--cuda-graphs", action="store_true")
     b.add_argument("--compile", action="store_true")
+    b.add_argument("--a-env", metavar="JSON", help="arm A is a server started with these PB_* variables")
+    b.add_argument("--b-env", metavar="JSON", help="arm B is a second server, side by side, with these")
+    b.add_argument("--num-blocks", type=int, default=192,
+                   help="with --a-env/--b-env: each server's KV pages of 256 tokens (default: %(default)s)")
+    b.add_argument("--logs", default="/tmp/pb-ab-logs", help="with --a-env/--b-env: the servers' logs")
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
     x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
     x.add_argument("--out", required=True)
@@ -261,6 +322,11 @@ def main(argv: list[str]) -> int:
         from .cli import main as patchbay_main
 
         ab_args = [a for a in args.ab_args if a != "--"]
+        if args.a_env is not None or args.b_env is not None:
+            if args.a_env is None or args.b_env is None:
+                raise SystemExit("--a-env needs --b-env")
+            envs = [parse_env(args.a_env, "--a-env"), parse_env(args.b_env, "--b-env")]
+            return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args)
         return with_server(args.cuda_graphs, args.port,
                            lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]),
                            compile=args.compile)
@@ -269,7 +335,7 @@ def main(argv: list[str]) -> int:
     if args.verb == "agent":
         return agent_job(Path(args.out), args.cuda_graphs, [a for a in args.ab_args if a != "--"],
                          args.graph_sampling)
-    serve = serve_air12(args.port, args.cuda_graphs, args.seed, compile=args.compile)
+    serve = serve_air12(args.port, args.cuda_graphs, args.seed, compile=args.compile, num_blocks=args.num_blocks)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -125,6 +125,8 @@ def cmd_ab(args) -> int:
             arms = bench.arms_from_knobs(args.knob)
         elif args.a_json is not None and args.b_json is not None:
             arms = bench.arms_from_json(args.a_json, args.b_json)
+        elif args.b_url:
+            arms = {"A": {}, "B": {}}
         else:
             raise bench.BenchError("name the two arms: --knob PB_X=a,b, or --a-json '{...}' --b-json '{...}'", 2)
         levels = _int_list(args.concurrency, "--concurrency")
@@ -135,11 +137,22 @@ def cmd_ab(args) -> int:
             windows.check_slug(args.window)
         suites = [s for s in args.suites.split(",") if s] if args.suites else None
         url = args.url.rstrip("/")
+        if args.b_url and restart:
+            raise bench.BenchError("--b-url names B's server; --a-config/--b-config start their own", 2)
+        b_url = args.b_url.rstrip("/") if args.b_url else None
         server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens)
+        if b_url:
+            other = bench.server_info(b_url, server["model"])
+            listed = bench.listed_models(b_url)
+            if listed and server["model"] not in listed:
+                raise bench.BenchError(f"--b-url serves {', '.join(listed)}, not {server['model']}: "
+                                       "the two arms must serve the same model", 2)
+            server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
         plan = bench.Plan(url=url, model=server["model"], arms=arms, prompts=chosen, levels=levels,
                           reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
                           timeout=args.timeout, time_limit=args.time_limit,
-                          suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index))
+                          suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index),
+                          b_url=b_url)
         server["build"] = bench.check_arms(plan) or server["build"]
         window = windows.create(results_dir, args.window) if args.window else None
         prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
@@ -217,6 +230,8 @@ def add_verbs(verb) -> None:
     sc.add_argument("--model-dir", help="a checkpoint folder (default: the config's model)")
     ab = verb("ab", cmd_ab, "paired A/B speed comparison of two pb_knobs settings on a live server")
     ab.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    ab.add_argument("--b-url", metavar="URL", help="arm B is this other server (the same model), for settings "
+                    "read at start; passes still alternate A B A B")
     ab.add_argument("--model", help="model id (default: the first one /v1/models lists)")
     ab.add_argument("--knob", action="append", metavar="PB_X=A,B",
                     help="arm A sends PB_X=A, arm B PB_X=B in pb_knobs (repeatable)")
