@@ -1,0 +1,101 @@
+"""The GPU decode path's patches on the CPU: 0230's graph buckets (PB_GRAPH_BUCKETS), 0240's
+async batching with masks (PB_ASYNC_BATCHING) and 0250's switch interval (PB_SWITCH_INTERVAL).
+
+Their effect needs CUDA graphs (W04, W05 on an H200); here the rules are checked and the hooks
+are called through upstream's own functions in a fresh interpreter, with the knobs on and off.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import engine_module
+
+pytestmark = pytest.mark.engine
+
+
+def run_job(engine, **knobs) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    env.update(PYTHONPATH=str(engine.site), **knobs)
+    job = Path(__file__).with_name("decode_path_job.py")
+    proc = subprocess.run([sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def off(patched_engine):
+    return run_job(patched_engine)
+
+
+@pytest.fixture(scope="module")
+def on(patched_engine):
+    return run_job(patched_engine, PB_GRAPH_BUCKETS="1", PB_ASYNC_BATCHING="1", PB_SWITCH_INTERVAL="500")
+
+
+def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
+    buckets = engine_module(patched_engine, "buckets")
+    for parts in (1, 4, 8):
+        assert [buckets.round_up(n, parts) for n in range(1, 2 * parts + 1)] == list(range(1, 2 * parts + 1)) \
+            if parts > 1 else [1, 2]
+        for n in range(1, 70_000):
+            r = buckets.round_up(n, parts)
+            assert n <= r < n * (1 + 1 / parts) + 1e-9 or n <= 2 * parts, (n, parts, r)
+    assert buckets.round_up(0, 4) == 0
+    assert [buckets.round_up(n, 1) for n in (3, 5, 33, 64, 65)] == [4, 8, 64, 64, 128]
+
+
+def test_pad_rounds_to_few_shapes_within_the_caps(patched_engine):
+    buckets = engine_module(patched_engine, "buckets")
+    qs = {buckets.pad(q, 0, 8192, 10**6)[0] for q in range(1, 8193)}
+    kvs = {buckets.pad(1, kv, 8192, 10**6)[1] for kv in range(0, 10**6 + 1, 97)}
+    # graphs grow with the logarithm of the sizes: 7 powers of two, then 8 shapes an octave for the
+    # query (upstream: 128 multiples of 64 up to 8192), 4 an octave for the KV read
+    assert len(qs) <= 7 + 8 * 7 and len(kvs) <= 4 * 13
+    assert {q for q in qs if q <= 64} == {1, 2, 4, 8, 16, 32, 64}
+    assert buckets.pad(1, 0, 8192, 10**6) == (1, 0)  # no cache to read: no KV read padded in
+    assert buckets.pad(1, 1, 8192, 10**6) == (1, buckets.KV_FLOOR)
+    assert buckets.pad(9000, 999_999, 8192, 500_000) == (8192, 500_000)  # capped like upstream's
+
+
+def test_knobs_off_pad_as_upstream(off):
+    # multiples of 64 query tokens and of 16,384 KV tokens (a step reading no cache too), capped
+    assert off["padding"] == {"1,0": [64, 16384], "1,300": [64, 16384], "3,900": [64, 16384],
+                              "32,6000": [64, 16384], "100,0": [128, 16384], "5000,70000": [4096, 81920],
+                              "1,250000": [64, 200000]}
+
+
+def test_buckets_pad_to_the_batch(on):
+    assert on["padding"] == {"1,0": [1, 0], "1,300": [1, 320], "3,900": [4, 1024], "32,6000": [32, 6144],
+                             "100,0": [104, 0], "5000,70000": [4096, 81920], "1,250000": [1, 200000]}
+
+
+def test_transfer_copies_whole_buffers_when_off_and_the_read_region_when_on(off, on):
+    # host: 4 query rows, 20 KV tokens; buffers 16 rows x 64 columns of ones
+    assert off["transfer"] == {"bulk": 64.0, "write_index": 16.0, "read_index": 64.0, "mask_rows": 16,
+                               "mask_cols": 64}
+    assert on["transfer"] == {"bulk": 64.0, "write_index": 4.0, "read_index": 24.0, "mask_rows": 4,
+                              "mask_cols": 24}
+
+
+def test_async_batching_is_chosen_with_graphs_only_when_on(off, on):
+    assert off["async_with_graphs"] is False  # upstream: a mask is needed, so no async
+    assert on["async_with_graphs"] is True
+    assert on["async_without_graphs"] is False and off["async_without_graphs"] is False
+
+
+def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
+    assert off["switch_interval"] == pytest.approx(0.005)  # Python's own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    env.update(PYTHONPATH=str(patched_engine.site), PB_SWITCH_INTERVAL="500")
+    code = "import sys; from transformers._pb import switch; switch.apply(); print(sys.getswitchinterval())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout) == pytest.approx(0.0005)
+    env["PB_SWITCH_INTERVAL"] = "-1"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "PB_SWITCH_INTERVAL=-1 is not a valid value" in proc.stderr
