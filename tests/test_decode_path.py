@@ -99,3 +99,38 @@ def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
     env["PB_SWITCH_INTERVAL"] = "-1"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "PB_SWITCH_INTERVAL=-1 is not a valid value" in proc.stderr
+
+
+def test_plain_greedy_rows_of_a_greedy_batch_are_left_to_the_batch(patched_engine):
+    """0100's hook: a temperature-0 request in a batch that is itself greedy already has the
+    batch's argmax, so the hook leaves its row (no kernels, no wait for the logits: under
+    CUDA graphs with 0210 it runs after every replay); rows that need their own choice, or any
+    row of a batch that samples, are still chosen again."""
+    from types import SimpleNamespace
+
+    import torch
+
+    sampler = engine_module(patched_engine, "sampler")
+    logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 1.0, 2.0]]])
+    states = [SimpleNamespace(request_id=r) for r in ("greedy-a", "greedy-b", "biased")]
+    io = SimpleNamespace(requests_in_batch=[SimpleNamespace(state=s, has_new_token=True) for s in states])
+
+    def runner(do_sample=False, return_logprobs=False, processing=False):
+        return SimpleNamespace(inputs_and_outputs=io, do_sample=do_sample, return_logprobs=return_logprobs,
+                               logit_processor=SimpleNamespace(do_processing=processing))
+
+    specs = {"greedy-a": sampler.Spec(), "greedy-b": sampler.Spec(), "biased": sampler.Spec(logit_bias={0: 100.0})}
+    for request_id, spec in specs.items():
+        sampler.register(request_id, spec)
+    try:
+        out = torch.full((1, 3), 7)
+        sampler._override(runner(), logits, out)
+        assert out.tolist() == [[7, 7, 0]]  # only the biased row is chosen again
+        assert specs["greedy-a"].tokens == [] and specs["biased"].tokens == [0]
+        for setting in ({"do_sample": True}, {"return_logprobs": True}, {"processing": True}):
+            out = torch.full((1, 3), 7)
+            sampler._override(runner(**setting), logits, out)
+            assert out.tolist() == [[1, 0, 0]], setting  # the batch's own choice is not raw argmax
+    finally:
+        for request_id in specs:
+            sampler.release(request_id)
