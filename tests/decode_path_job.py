@@ -8,7 +8,12 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from transformers.generation.continuous_batching.initialization import decide_use_async_batching
+from transformers import AutoConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.continuous_batching.initialization import (
+    decide_use_async_batching,
+    resolve_continuous_batching_config,
+)
 from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingIOs
 from transformers.generation.continuous_batching.model_runner import ModelRunner
 
@@ -49,5 +54,17 @@ def async_choice(graphs: bool) -> bool | None:
     return cfg.use_async_batching
 
 
-print(json.dumps({"padding": padding(), "transfer": transfer(), "async_with_graphs": async_choice(True),
+def compile_levels(model_dir: str) -> list:
+    """The compile level upstream resolves for a config that leaves it unset, and for one that sets 2."""
+    config = AutoConfig.from_pretrained(model_dir)
+    levels = []
+    for asked in (0, 2):
+        cb = ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64, default_compile_level=asked)
+        resolved = resolve_continuous_batching_config(config, cb, None, False, torch.device("cpu"))
+        mode = resolved.varlen_compile_config.mode if resolved.varlen_compile_config else None
+        levels.append([resolved.default_compile_level, mode])
+    return levels
+
+
+print(json.dumps({"compile_levels": compile_levels(sys.argv[1]), "padding": padding(), "transfer": transfer(), "async_with_graphs": async_choice(True),
                   "async_without_graphs": async_choice(False), "switch_interval": sys.getswitchinterval()}))

@@ -1,5 +1,6 @@
 """The GPU decode path's patches on the CPU: 0230's graph buckets (PB_GRAPH_BUCKETS), 0240's
-async batching with masks (PB_ASYNC_BATCHING) and 0250's switch interval (PB_SWITCH_INTERVAL).
+async batching with masks (PB_ASYNC_BATCHING), 0250's switch interval (PB_SWITCH_INTERVAL),
+0260's compile level (PB_COMPILE_LEVEL) and 0100's greedy rows.
 
 Their effect needs CUDA graphs (W04, W05 on an H200); here the rules are checked and the hooks
 are called through upstream's own functions in a fresh interpreter, with the knobs on and off.
@@ -18,23 +19,24 @@ from .conftest import engine_module
 pytestmark = pytest.mark.engine
 
 
-def run_job(engine, **knobs) -> dict:
+def run_job(engine, model, **knobs) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     env.update(PYTHONPATH=str(engine.site), **knobs)
     job = Path(__file__).with_name("decode_path_job.py")
-    proc = subprocess.run([sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(job), model], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def off(patched_engine):
-    return run_job(patched_engine)
+def off(patched_engine, tiny_model):
+    return run_job(patched_engine, tiny_model)
 
 
 @pytest.fixture(scope="module")
-def on(patched_engine):
-    return run_job(patched_engine, PB_GRAPH_BUCKETS="1", PB_ASYNC_BATCHING="1", PB_SWITCH_INTERVAL="500")
+def on(patched_engine, tiny_model):
+    return run_job(patched_engine, tiny_model, PB_GRAPH_BUCKETS="1", PB_ASYNC_BATCHING="1",
+                   PB_SWITCH_INTERVAL="500", PB_COMPILE_LEVEL="1")
 
 
 def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
@@ -86,6 +88,11 @@ def test_async_batching_is_chosen_with_graphs_only_when_on(off, on):
     assert off["async_with_graphs"] is False  # upstream: a mask is needed, so no async
     assert on["async_with_graphs"] is True
     assert on["async_without_graphs"] is False and off["async_without_graphs"] is False
+
+
+def test_compile_level_is_set_by_the_knob_unless_the_config_sets_one(off, on):
+    assert off["compile_levels"] == [[0, None], [2, "max-autotune-no-cudagraphs"]]
+    assert on["compile_levels"] == [[1, "default"], [2, "max-autotune-no-cudagraphs"]]
 
 
 def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
