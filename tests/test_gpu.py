@@ -74,6 +74,30 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     prefill = [p for p in record["passes"] if "prefill_tokens" in p]
     assert len(prefill) == 2 and all(p["ttft_s"] > 0 for p in prefill)
 
+    assert record["build"] == patched_engine.build_id
+    assert (tmp_path / "command.txt").read_text().startswith("python -m patchbay.gpu_profile --out ")
+
+    # the folder becomes a results window: tables of every pass, the notes, a headline
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Findings\n\n- the tiny model on a CPU\n")
+    results = tmp_path / "results"
+    window_cmd = [sys.executable, "-m", "patchbay.gpu_profile", "window", "--slug", "cpu-smoke", "--title",
+                  "smoke", "--headline", "tiny on cpu", "--part", f"cpu={tmp_path}", "--notes", str(notes),
+                  "--results-dir", str(results)]
+    proc = subprocess.run(window_cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    window = results / "W01-cpu-smoke"
+    text = (window / "SUMMARY.md").read_text()
+    assert "| cpu / eager | C1 |" in text and "| cpu / knob | C2 |" in text and "| cpu / eager | 40 |" in text
+    assert text.rstrip().endswith("- the tiny model on a CPU")
+    summary = json.loads((window / "summary.json").read_text())
+    assert summary["headline"] == "tiny on cpu" and set(summary["tok_s"]["cpu / eager"]) == {"1", "2"}
+    assert (window / "cpu" / "profile.json").is_file() and "cpu: python -m patchbay.gpu_profile" in \
+        (window / "command.txt").read_text()
+    proc = subprocess.run(window_cmd[:-6] + ["--part", f"x={tmp_path / 'missing'}"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "expected NAME=DIR with DIR/profile.json" in proc.stderr
+
     bad = cmd[:-2] + ["--setting", 'x={"knobs": {"PB_NOT_A_KNOB": 1}}']
     proc = subprocess.run(bad, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "PB_NOT_A_KNOB is not a knob of this build" in proc.stderr
