@@ -28,24 +28,69 @@ def padding() -> dict:
     return {f"{q},{kv}": list(ModelRunner.maybe_pad_inputs(runner, q, kv, False)) for q, kv in steps}
 
 
-def io(q: int, kv: int, fill: float) -> SimpleNamespace:
+def io(q: int, kv: int, fill: float, cu_q=(0,), cu_k=(0,)) -> SimpleNamespace:
     """The fields _transfer_inputs reads or writes, as CPU tensors (the GPU's are the same shapes)."""
+    bulk = torch.full((6, 16), fill)
+    bulk[2, : len(cu_q)] = torch.tensor(cu_q, dtype=bulk.dtype)
+    bulk[4, : len(cu_k)] = torch.tensor(cu_k, dtype=bulk.dtype)
     return SimpleNamespace(
-        num_q_tokens=q, max_kv_read=kv, num_request_in_batch=1, true_read_sizes=[kv], true_write_sizes=[q],
-        use_block_table=False, total_seqlen_q=q, total_seqlen_k={"full": q + kv}, max_length_q=q,
-        max_length_k={"full": q + kv}, _bulk_input_tensor=torch.full((4, 16), fill),
-        block_table=torch.full((1, 4), fill), write_index_storage=torch.full((1, 16), fill),
-        read_index_storage=torch.full((1, 64), fill), attention_mask={"full": torch.full((1, 1, 16, 64), fill)})
+        num_q_tokens=q, max_kv_read=kv, num_request_in_batch=len(cu_q) - 1, true_read_sizes=[kv],
+        true_write_sizes=[q], use_block_table=False, total_seqlen_q=q, total_seqlen_k={"full_attention": q + kv},
+        max_length_q=q, max_length_k={"full_attention": q + kv}, _bulk_input_tensor=bulk,
+        cumulative_seqlens_q=bulk[2], cumulative_seqlens_k={"full_attention": bulk[4]},
+        config=SimpleNamespace(sliding_window=None), block_table=torch.full((1, 4), fill),
+        write_index_storage=torch.full((1, 16), fill), read_index_storage=torch.full((1, 64), fill),
+        attention_mask={"full_attention": torch.full((1, 1, 16, 64), fill)})
 
 
 def transfer() -> dict:
-    host, device = io(4, 20, 1.0), io(0, 0, 0.0)
+    """A step of two sequences (3 new tokens after 13 cached, and 1 after 5): 4 query tokens
+    padded to 8, 18 keys read padded to 24. The host builds its mask as upstream does; after the
+    transfer the device's region must hold the same mask, whichever way it got there."""
+    from transformers.generation.continuous_batching.utils import build_attention_mask
+
+    cu_q, cu_k = [0, 3, 4], [0, 16, 22]
+    host, device = io(8, 24, 1.0, cu_q, cu_k), io(0, 0, 0.0)
+    host_mask = host.attention_mask["full_attention"]
+    host_mask.fill_(torch.finfo(host_mask.dtype).min)
+    build_attention_mask(host_mask, cu_q, cu_k)
     ContinuousBatchingIOs._transfer_inputs(host, device, stream=None, non_blocking=False)
-    mask = device.attention_mask["full"][0, 0]
-    return {"bulk": device._bulk_input_tensor.sum().item(),
+    region = device.attention_mask["full_attention"][..., :8, :32]
+    return {"bulk_equal": bool(torch.equal(device._bulk_input_tensor, host._bulk_input_tensor)),
             "write_index": device.write_index_storage.sum().item(),
             "read_index": device.read_index_storage.sum().item(),
-            "mask_rows": int((mask.sum(dim=1) > 0).sum()), "mask_cols": int((mask.sum(dim=0) > 0).sum())}
+            "mask_region_equal": bool(torch.equal(region, host_mask[..., :8, :32])),
+            "mask_outside_region_untouched": bool((device.attention_mask["full_attention"][..., 8:, :] == 0).all()
+                                                  and (device.attention_mask["full_attention"][..., :, 32:] == 0).all()),
+            "host_builds_mask_next": not getattr(host, "_pb_mask_on_device", False)}
+
+
+def mask_cases(count: int = 300) -> tuple[int, list]:
+    """0240's device-side mask builder against upstream's, on random steps (on the CPU here)."""
+    import random
+
+    from transformers._pb.async_io import build_mask
+    from transformers.generation.continuous_batching.utils import build_attention_mask
+
+    rng = random.Random(0)
+    mismatches = []
+    for case in range(count):
+        qs = [rng.choice([0, 1, 1, rng.randint(1, 9)]) for _ in range(rng.randint(0, 6))]
+        ks = [q + rng.choice([0, 0, rng.randint(1, 20)]) for q in qs]
+        cu_q, cu_k = [0], [0]
+        for q, k in zip(qs, ks):
+            cu_q.append(cu_q[-1] + q)
+            cu_k.append(cu_k[-1] + k)
+        rows, cols = cu_q[-1] + rng.randint(0, 5), cu_k[-1] + rng.randint(0, 7)
+        window = rng.choice([1, 1, 3, 6])
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        expected = torch.full((1, 1, rows, cols), torch.finfo(dtype).min, dtype=dtype)
+        build_attention_mask(expected, cu_q, cu_k, window)
+        got = torch.full((1, 1, rows, cols), 7.0, dtype=dtype)
+        build_mask(got, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32), window)
+        if not torch.equal(got, expected):
+            mismatches.append({"case": case, "cu_q": cu_q, "cu_k": cu_k, "shape": [rows, cols], "window": window})
+    return count, mismatches[:3]
 
 
 def async_choice(graphs: bool) -> bool | None:
@@ -66,5 +111,7 @@ def compile_levels(model_dir: str) -> list:
     return levels
 
 
-print(json.dumps({"compile_levels": compile_levels(sys.argv[1]), "padding": padding(), "transfer": transfer(), "async_with_graphs": async_choice(True),
+cases, mismatches = mask_cases()
+print(json.dumps({"compile_levels": compile_levels(sys.argv[1]), "mask_cases": cases, "mask_mismatches": mismatches,
+                  "padding": padding(), "transfer": transfer(), "async_with_graphs": async_choice(True),
                   "async_without_graphs": async_choice(False), "switch_interval": sys.getswitchinterval()}))

@@ -77,11 +77,21 @@ def test_buckets_pad_to_the_batch(on):
 
 
 def test_transfer_copies_whole_buffers_when_off_and_the_read_region_when_on(off, on):
-    # host: 4 query rows, 20 KV tokens; buffers 16 rows x 64 columns of ones
-    assert off["transfer"] == {"bulk": 64.0, "write_index": 16.0, "read_index": 64.0, "mask_rows": 16,
-                               "mask_cols": 64}
-    assert on["transfer"] == {"bulk": 64.0, "write_index": 4.0, "read_index": 24.0, "mask_rows": 4,
-                              "mask_cols": 24}
+    # host buffers: 16 query rows x 64 key columns of ones; the step: 8 padded query tokens, 24 padded keys
+    assert off["transfer"] == {"bulk_equal": True, "write_index": 16.0, "read_index": 64.0,
+                               "mask_region_equal": True, "mask_outside_region_untouched": False,
+                               "host_builds_mask_next": True}
+    # on: only the indices the step reads are copied, and the device builds the same mask region itself
+    assert on["transfer"] == {"bulk_equal": True, "write_index": 8.0, "read_index": 32.0,
+                              "mask_region_equal": True, "mask_outside_region_untouched": True,
+                              "host_builds_mask_next": False}
+
+
+def test_device_mask_is_upstreams_mask(off):
+    """0240's mask, built with tensor ops from the cumulative lengths, equals upstream's
+    build_attention_mask on 300 random steps: chunks continuing cached keys, fresh prompts,
+    decode rows, empty sequences, padding rows and columns, sliding windows, bf16 and fp32."""
+    assert off["mask_cases"] == 300 and off["mask_mismatches"] == []
 
 
 def test_async_batching_is_chosen_with_graphs_only_when_on(off, on):
