@@ -102,3 +102,63 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     proc = subprocess.run(bad, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "PB_NOT_A_KNOB is not a knob of this build" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.engine
+def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_model, tmp_path):
+    """The GPU runner's own launch of TP ranks (for the two-GPU machine, where patchbay cannot
+    build), here as two gloo ranks on the CPU: rank 0 answers, both stop."""
+    import os
+
+    import httpx
+
+    from .conftest import free_port
+
+    port = free_port()
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(patched_engine.site)
+    try:
+        procs = gpu.start_ranks(tiny_model, 2, port, {"PB_FINGERPRINT": "1"}, tmp_path, device="cpu",
+                                engine_args="--cb-num-blocks 32 --cb-max-batch-tokens 256",
+                                rdzv_port=free_port(), ready_timeout=300)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+                       json={"model": tiny_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["pb_fingerprint"]
+        assert "rank 1 follows rank 0's batches" in (tmp_path / "rank1.log").read_text()
+    finally:
+        for proc in procs:
+            gpu.stop_server(proc)
+    assert all(proc.poll() is not None for proc in procs)
+
+
+@pytest.mark.engine
+def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path):
+    """Issue 6's A/B shape, on the CPU: one checkpoint served as 1 rank (A) and as 2 ranks (B),
+    side by side, passes alternating; TP=2 gives TP=1's greedy replies."""
+    import os
+
+    from .conftest import free_port
+
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(patched_engine.site)
+    port = free_port()
+    try:
+        code = gpu.side_by_side(False, port, [{"PB_FINGERPRINT": "1"}, {"PB_FINGERPRINT": "1"}], 32, tmp_path / "logs",
+                                ["--suites", "count", "--max-tokens", "6", "--reps", "1", "--warmup", "0",
+                                 "--concurrency", "1,2", "--window", "tp", "--results-dir", str(tmp_path / "r"),
+                                 "--quiet"], model_dir=tiny_model, tps=(1, 2), device="cpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    assert code == 0
+    window = next((tmp_path / "r").iterdir())
+    cfg = json.loads((window / "config.json").read_text())
+    assert cfg["url"].endswith(f":{port}") and cfg["b_server"]["url"].endswith(f":{port + 1}")
+    summary = json.loads((window / "summary.json").read_text())
+    assert summary["errors"] == 0 and all(c["equal"] for c in summary["replies_all_levels"].values())
+    assert "rank 1 follows rank 0's batches" in (tmp_path / "logs" / "server-B" / "rank1.log").read_text()
+    assert not (tmp_path / "logs" / "server-A" / "rank1.log").exists()

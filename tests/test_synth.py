@@ -167,3 +167,44 @@ def test_air12_has_27_24b_params():
         4096, 96, 8, 128,
     )  # fmt: skip
     assert round(synth.count_params(config) / 1e9, 2) == 27.24
+
+
+def test_air24_doubles_the_layers_and_needs_two_h200s():
+    config = synth.air24_config()
+    assert config.num_hidden_layers == 24 and config.first_k_dense_replace == 1
+    params = synth.count_params(config)
+    assert round(params / 1e9, 2) == 55.34
+    assert params * 2 > 139e9 * 0.75  # 111 GB of bf16 weights: with a KV pool and graphs, not one H200
+
+
+def test_write_air_saves_exactly_the_built_model_with_its_tokenizer(tmp_path):
+    """air checkpoints for servers that load by path (tensor parallelism): the saved weights are
+    the in-memory build's for the seed; shapes cut down here so it runs on a CPU."""
+    from transformers import AutoTokenizer, Glm4MoeConfig, Glm4MoeForCausalLM
+
+    small = synth.air12_config().to_dict()
+    small.update(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, num_hidden_layers=2)
+    config = Glm4MoeConfig(**small)
+    out = synth.write_air(tmp_path / "air", "air-test", seed=3, device="cpu", config=config)
+    marker = json.loads((out / synth.MARKER).read_text())
+    assert marker["model"] == "synthetic:air-test" and marker["seed"] == 3
+    loaded = Glm4MoeForCausalLM.from_pretrained(out, dtype=torch.bfloat16).eval()
+    built = synth.build_air12("cpu", seed=3, config=config)
+    saved, fresh = loaded.state_dict(), built.state_dict()
+    assert saved.keys() == fresh.keys()
+    assert all(torch.equal(saved[k], fresh[k]) for k in fresh)
+    assert marker["params"] == sum(p.numel() for p in built.parameters())
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) == config.vocab_size and tok.chat_template == synth.CHAT_TEMPLATE
+    assert loaded.generation_config.do_sample is False
+
+    stamp = (out / synth.MARKER).stat().st_mtime_ns
+    assert synth.write_air(out, "air-test", seed=3, device="cpu", config=config) == out  # kept as is
+    assert (out / synth.MARKER).stat().st_mtime_ns == stamp
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not a patchbay synthetic checkpoint"):
+        synth.write_air(foreign, "air-test", device="cpu", config=config)
+    assert (foreign / "notes.txt").read_text() == "keep me"

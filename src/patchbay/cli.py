@@ -111,12 +111,21 @@ def cmd_rebase(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    if args.kind != "tiny":
-        raise Fail(f"synth {args.kind}: only `tiny` is written to disk (air12 is built on a GPU in memory)", 2)
     from . import synth
 
-    path = synth.write_tiny(Path(args.dir), seed=args.seed)
-    print(f"wrote synthetic:tiny (seed {args.seed}) to {path}")
+    try:
+        if args.kind == "tiny":
+            path = synth.write_tiny(Path(args.dir), seed=args.seed)
+        else:
+            import torch
+
+            if args.device.startswith("cuda") and not torch.cuda.is_available():
+                raise Fail(f"synth {args.kind}: --device {args.device}, but this machine has no CUDA device "
+                           "(the model is built on a GPU; --device cpu needs its whole size in memory)", 2)
+            path = synth.write_air(Path(args.dir), args.kind, seed=args.seed, device=args.device)
+    except ValueError as e:
+        raise Fail(str(e), 2) from None
+    print(f"wrote synthetic:{args.kind} (seed {args.seed}) to {path}")
     return 0
 
 
@@ -283,9 +292,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--sdist", help="use this sdist instead of downloading VERSION's")
     r.add_argument("--out", help="write the Markdown report here (default: print it)")
     s = verb("synth", cmd_synth, "write a seeded synthetic checkpoint")
-    s.add_argument("kind", choices=["tiny", "air12"])
+    s.add_argument("kind", choices=["tiny", "air12", "air24"])
     s.add_argument("dir")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cuda", help="where air12/air24 are built before saving (default: cuda)")
     dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
     dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")
     verb("export", cmd_export, "rewrite the patches from build/dev's commits, keeping headers")

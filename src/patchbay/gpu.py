@@ -115,6 +115,41 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, device: str = "cuda",
+                engine_args: str = "", rdzv_port: int = 29600, ready_timeout: float = 1800.0) -> list:
+    """`transformers serve MODEL_DIR` as `tp` tensor-parallel ranks on this machine (rank r on
+    GPU r, NVLink multicast off), the engine and packages from this process's PYTHONPATH (as
+    scripts/gpu-run.sh sets it): the launch of the local runtime, for a machine where patchbay
+    cannot build. Returns the rank processes once rank 0 streamed a token; RuntimeError with a
+    rank's log tail when one exits first."""
+    import dataclasses
+
+    from .config import Config
+    from .launch import engine_command, first_streamed_token, log_tail, rank_env
+
+    knobs = {**env, **({"PB_TENSOR_PARALLEL": "1"} if tp > 1 else {})}
+    cfg = dataclasses.replace(Config(), host="127.0.0.1", port=port, device=device, tp=tp, rdzv_port=rdzv_port,
+                              continuous_batching=True, engine_args=engine_args, knobs=knobs)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(tp):
+        with (log_dir / f"rank{rank}.log").open("w") as log:
+            procs.append(subprocess.Popen(engine_command(cfg, model_dir), stdout=log, stderr=subprocess.STDOUT,
+                                          env={**base, **knobs, **rank_env(cfg, rank)}, stdin=subprocess.DEVNULL))
+    url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
+    while not first_streamed_token(url, model_dir):
+        exited = [r for r, p in enumerate(procs) if p.poll() is not None]
+        if exited or time.monotonic() - t0 > ready_timeout:
+            for proc in procs:
+                stop_server(proc)
+            why = f"rank {exited[0]} exited" if exited else f"not ready in {ready_timeout:.0f}s"
+            raise RuntimeError(f"{why}:\n{log_tail(log_dir / f'rank{exited[0] if exited else 0}.log', 40)}")
+        time.sleep(2)
+    print(f"{tp} rank(s) ready in {time.monotonic() - t0:.0f}s", flush=True)
+    return procs
+
+
 def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
                 env: dict | None = None, compile: bool = False) -> int:
     """Start `serve`, run job(url), stop the server. Returns job's exit code."""
@@ -131,23 +166,30 @@ def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0,
 
 
 def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int, logs: Path,
-                 ab_args: list[str]) -> int:
-    """`patchbay ab` between two servers on one GPU, for settings read at start: A on `port` with
-    envs[0], B on port + 1 with envs[1], each air12 from the same seed with a fixed KV pool (two
-    54 GB models and their pools fit an H200). The passes alternate A B A B as for per-request
-    knobs, one server busy at a time."""
+                 ab_args: list[str], model_dir: str | None = None, tps: tuple[int, int] = (1, 1),
+                 device: str = "cuda") -> int:
+    """`patchbay ab` between two servers side by side, for settings read at start: A on `port`
+    with envs[0], B on port + 1 with envs[1], each with a fixed KV pool. Without `model_dir`
+    each is air12 built in memory from the same seed on GPU 0 (two 54 GB models and their pools
+    fit an H200); with it, each serves that checkpoint as tps[arm] tensor-parallel ranks (rank r
+    on GPU r). The passes alternate A B A B as for per-request knobs, one server busy at a time."""
     from .cli import main as patchbay_main
 
     logs.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     procs = []
     try:
-        for n, (arm, env) in enumerate(zip("AB", envs)):
-            print(f"arm {arm}: {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
-            procs.append(start_server(cuda_graphs, port + n, logs / f"server-{arm}.log", {**base, **env},
-                                      num_blocks=num_blocks))
+        for n, (arm, env, tp) in enumerate(zip("AB", envs, tps)):
+            print(f"arm {arm}: TP={tp}, {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
+            if model_dir is None:
+                procs.append(start_server(cuda_graphs, port + n, logs / f"server-{arm}.log", {**base, **env},
+                                          num_blocks=num_blocks))
+            else:
+                args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
+                procs += start_ranks(model_dir, tp, port + n, env, logs / f"server-{arm}", device=device,
+                                     engine_args=args, rdzv_port=29600 + n)
         return patchbay_main(["ab", "--url", f"http://127.0.0.1:{port}", "--b-url", f"http://127.0.0.1:{port + 1}",
-                              "--model", AIR12, *ab_args])
+                              "--model", model_dir or AIR12, *ab_args])
     except RuntimeError as e:
         print(e, flush=True)
         return 1
@@ -296,6 +338,10 @@ def main(argv: list[str]) -> int:
     b.add_argument("--num-blocks", type=int, default=192,
                    help="with --a-env/--b-env: each server's KV pages of 256 tokens (default: %(default)s)")
     b.add_argument("--logs", default="/tmp/pb-ab-logs", help="with --a-env/--b-env: the servers' logs")
+    b.add_argument("--model-dir", help="with --a-env/--b-env: serve this checkpoint (`patchbay synth air12 DIR`) "
+                   "instead of air12 in memory, as --a-tp / --b-tp ranks")
+    b.add_argument("--a-tp", type=int, default=1)
+    b.add_argument("--b-tp", type=int, default=1)
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
     x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
     x.add_argument("--out", required=True)
@@ -326,7 +372,10 @@ def main(argv: list[str]) -> int:
             if args.a_env is None or args.b_env is None:
                 raise SystemExit("--a-env needs --b-env")
             envs = [parse_env(args.a_env, "--a-env"), parse_env(args.b_env, "--b-env")]
-            return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args)
+            if (args.a_tp, args.b_tp) != (1, 1) and not args.model_dir:
+                raise SystemExit("--a-tp/--b-tp need --model-dir: tensor-parallel ranks load a checkpoint")
+            return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args,
+                                args.model_dir, (args.a_tp, args.b_tp))
         return with_server(args.cuda_graphs, args.port,
                            lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]),
                            compile=args.compile)

@@ -224,10 +224,24 @@ def air12_config() -> Glm4MoeConfig:
     Open choices, taken from GLM-4.5-Air itself: untied lm_head (its 0.62 B count towards the
     27.24 B; tied would give 26.62 B), q/k/v biases, no q/k norm, rope_theta 1e6.
     """
+    return air_config(12)
+
+
+def air24_config() -> Glm4MoeConfig:
+    """The same shapes with 24 layers (55.34 B parameters, 111 GB of bf16): with a KV pool it
+    needs two H200s, for tensor-parallel measurements."""
+    return air_config(24)
+
+
+AIR_CONFIGS = {"air12": air12_config, "air24": air24_config}
+
+
+def air_config(layers: int) -> Glm4MoeConfig:
+    """GLM-4.5-Air's layer shapes with `layers` layers (the first dense, the rest MoE)."""
     return Glm4MoeConfig(
         vocab_size=151552,
         hidden_size=4096,
-        num_hidden_layers=12,
+        num_hidden_layers=layers,
         first_k_dense_replace=1,
         intermediate_size=10944,
         num_attention_heads=96,
@@ -257,7 +271,8 @@ def count_params(config: Glm4MoeConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_air12(device: str | torch.device = "cuda", seed: int = 0) -> Glm4MoeForCausalLM:
+def build_air12(device: str | torch.device = "cuda", seed: int = 0, config: Glm4MoeConfig | None = None
+                ) -> Glm4MoeForCausalLM:
     """The air12 benchmark model, initialised in bf16 straight on `device` (54 GB, no files).
 
     torch.manual_seed seeds the device's generator too, and each tensor is allocated and filled
@@ -267,8 +282,59 @@ def build_air12(device: str | torch.device = "cuda", seed: int = 0) -> Glm4MoeFo
     """
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Glm4MoeForCausalLM._from_config(air12_config(), dtype=torch.bfloat16)
+        model = Glm4MoeForCausalLM._from_config(config or air12_config(), dtype=torch.bfloat16)
     return model.eval()
+
+
+def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, device: str = "cuda",
+              config: Glm4MoeConfig | None = None) -> Path:
+    """Write an air model (air12, air24) as a checkpoint, for servers that load models by path
+    (tensor parallelism: every rank loads its part). The weights are exactly build_air12's for
+    the seed (built on `device`, then saved in 5 GB shards), with the padded tokenizer and its
+    chat template. An existing checkpoint of the same name and seed is kept; a non-empty folder
+    that is not one of ours is refused. `config` overrides the shapes (tests)."""
+    out = Path(out_dir)
+    _check_target(out)
+    marker = _read_json(out / MARKER)
+    label = f"synthetic:{name}"
+    if marker and marker.get("model") == label and marker.get("seed") == seed:
+        return out
+    config = config or AIR_CONFIGS[name]()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        model = build_air12(device, seed, config)
+        model.generation_config = GenerationConfig(do_sample=False, eos_token_id=config.eos_token_id,
+                                                   pad_token_id=config.pad_token_id)
+        model.save_pretrained(tmp, max_shard_size="5GB")
+        params = sum(p.numel() for p in model.parameters())
+        del model
+        padded_tokenizer(config.vocab_size).save_pretrained(tmp)
+        (Path(tmp) / MARKER).write_text(json.dumps({"model": label, "seed": seed, "params": params,
+                                                    "template_sha256": template_sha256()}, indent=2) + "\n")
+        out.mkdir(exist_ok=True)
+        (out / MARKER).unlink(missing_ok=True)
+        for entry in sorted(os.listdir(tmp), key=lambda n: n == MARKER):  # the marker last
+            os.replace(Path(tmp) / entry, out / entry)
+    return out
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_target(out: Path) -> None:
+    """A checkpoint goes into a new or empty folder, or over one of our own (it has the marker)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: exists and is not a directory; pass a new or empty directory")
+    if out.is_dir() and any(out.iterdir()) and _read_json(out / MARKER) is None:
+        raise ValueError(
+            f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
+            f"(no {MARKER}); pass a new or empty directory"
+        )
 
 
 def template_sha256() -> str:
