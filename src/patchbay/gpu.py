@@ -85,25 +85,34 @@ def start_server(cuda_graphs: bool, port: int, log: Path, env: dict | None = Non
                  ready_timeout: float = 900.0, num_blocks: int | None = None) -> subprocess.Popen:
     """`serve` in its own process (the load generator must not share its interpreter), returned
     once it has streamed a token; RuntimeError with the log's tail when it exits or never gets there."""
-    from .launch import first_streamed_token, log_tail
-
     cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)]
     cmd += (["--cuda-graphs"] if cuda_graphs else []) + (["--compile"] if compile else [])
     cmd += ["--num-blocks", str(num_blocks)] if num_blocks else []
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while not first_streamed_token(url, AIR12):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_tail(log, 40)}")
-        if time.monotonic() - t0 > ready_timeout:
-            stop_server(proc)
-            raise RuntimeError(f"server not ready in {ready_timeout:.0f}s:\n{log_tail(log, 40)}")
-        time.sleep(2)
-    print(f"ready in {time.monotonic() - t0:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
+    seconds = wait_ready([proc], [log], f"http://127.0.0.1:{port}", AIR12, ready_timeout)
+    print(f"ready in {seconds:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
           f"{', compile, no batching' if compile else ''})", flush=True)
     return proc
+
+
+def wait_ready(procs: list, logs: list[Path], url: str, model: str, ready_timeout: float) -> float:
+    """Seconds until the server at `url` streams a token. When one of its processes exits first
+    or the time runs out, every process is stopped and RuntimeError carries that log's tail."""
+    from .launch import first_streamed_token, log_tail
+
+    t0 = time.monotonic()
+    while not first_streamed_token(url, model):
+        exited = [n for n, proc in enumerate(procs) if proc.poll() is not None]
+        if exited or time.monotonic() - t0 > ready_timeout:
+            for proc in procs:
+                stop_server(proc)
+            n = exited[0] if exited else 0
+            who = "server" if len(procs) == 1 else f"rank {n}"
+            why = f"{who} exited with {procs[n].returncode}" if exited else f"not ready in {ready_timeout:.0f}s"
+            raise RuntimeError(f"{why}:\n{log_tail(logs[n], 40)}")
+        time.sleep(2)
+    return time.monotonic() - t0
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -125,7 +134,7 @@ def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, de
     import dataclasses
 
     from .config import Config
-    from .launch import engine_command, first_streamed_token, log_tail, rank_env
+    from .launch import engine_command, rank_env
 
     knobs = {**env, **({"PB_TENSOR_PARALLEL": "1"} if tp > 1 else {})}
     cfg = dataclasses.replace(Config(), host="127.0.0.1", port=port, device=device, tp=tp, rdzv_port=rdzv_port,
@@ -137,16 +146,9 @@ def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, de
         with (log_dir / f"rank{rank}.log").open("w") as log:
             procs.append(subprocess.Popen(engine_command(cfg, model_dir), stdout=log, stderr=subprocess.STDOUT,
                                           env={**base, **knobs, **rank_env(cfg, rank)}, stdin=subprocess.DEVNULL))
-    url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
-    while not first_streamed_token(url, model_dir):
-        exited = [r for r, p in enumerate(procs) if p.poll() is not None]
-        if exited or time.monotonic() - t0 > ready_timeout:
-            for proc in procs:
-                stop_server(proc)
-            why = f"rank {exited[0]} exited" if exited else f"not ready in {ready_timeout:.0f}s"
-            raise RuntimeError(f"{why}:\n{log_tail(log_dir / f'rank{exited[0] if exited else 0}.log', 40)}")
-        time.sleep(2)
-    print(f"{tp} rank(s) ready in {time.monotonic() - t0:.0f}s", flush=True)
+    logs = [log_dir / f"rank{rank}.log" for rank in range(tp)]
+    seconds = wait_ready(procs, logs, f"http://127.0.0.1:{port}", model_dir, ready_timeout)
+    print(f"{tp} rank(s) ready in {seconds:.0f}s", flush=True)
     return procs
 
 

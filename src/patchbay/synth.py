@@ -294,9 +294,9 @@ def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, de
     chat template. An existing checkpoint of the same name and seed is kept; a non-empty folder
     that is not one of ours is refused. `config` overrides the shapes (tests)."""
     out = Path(out_dir)
-    _check_target(out)
     marker = _read_json(out / MARKER)
     label = f"synthetic:{name}"
+    _check_target(out, ours=marker is not None and str(marker.get("model", "")).startswith("synthetic:air"))
     if marker and marker.get("model") == label and marker.get("seed") == seed:
         return out
     config = config or AIR_CONFIGS[name]()
@@ -326,14 +326,15 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _check_target(out: Path) -> None:
-    """A checkpoint goes into a new or empty folder, or over one of our own (it has the marker)."""
+def _check_target(out: Path, ours: bool) -> None:
+    """A checkpoint goes into a new or empty folder, or over one of our own of the same family
+    (`ours`: its marker says so); anything else may hold user files and is refused."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: exists and is not a directory; pass a new or empty directory")
-    if out.is_dir() and any(out.iterdir()) and _read_json(out / MARKER) is None:
+    if out.is_dir() and any(out.iterdir()) and not ours:
         raise ValueError(
-            f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
-            f"(no {MARKER}); pass a new or empty directory"
+            f"{out}: directory is not empty and is not a patchbay synthetic checkpoint of this kind "
+            f"(no matching {MARKER}); pass a new or empty directory"
         )
 
 
@@ -385,14 +386,8 @@ def write_tiny(out_dir: str | os.PathLike, seed: int = 0, context: int = TINY_CO
     another seed is replaced. Any other non-empty directory is refused: it may hold user files.
     """
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: exists and is not a directory; pass a new or empty directory")
     marker = read_marker(out)
-    if out.is_dir() and any(out.iterdir()) and marker is None:
-        raise ValueError(
-            f"{out}: directory is not empty and is not a patchbay synthetic checkpoint "
-            f"(no {MARKER}); pass a new or empty directory"
-        )
+    _check_target(out, ours=marker is not None)
     if (marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]
             and marker.get("template_sha256") == template_sha256() and marker.get("context", 512) == context):
         return out
