@@ -217,19 +217,10 @@ def run(plan: Plan, sink, progress=None, switch=None) -> bool:
 # ---- before the run: what the server is, whether it takes both arms, fitting the prompts -------
 
 
-def listed_models(url: str, timeout: float = 30.0) -> list[str]:
-    """The model ids a server's /v1/models lists ([] when it lists none or cannot)."""
-    try:
-        r = httpx.get(f"{url}/v1/models", timeout=timeout)
-        data = r.json().get("data") or [] if r.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return []
-    return [entry["id"] for entry in data if isinstance(entry, dict) and "id" in entry]
-
-
 def server_info(url: str, model: str | None, timeout: float = 30.0) -> dict:
-    """The model id (given, or the first one /v1/models lists) and the build id the server reports."""
-    info = {"build": "unknown", "knobs_hash": None, "model": model}
+    """The model id (given, or the first one /v1/models lists), the ids it lists (`listed`, [] when
+    it lists none) and the build id the server reports."""
+    info = {"build": "unknown", "knobs_hash": None, "model": model, "listed": []}
     try:
         r = httpx.get(f"{url}/v1/models", timeout=timeout)
     except httpx.HTTPError as e:
@@ -243,6 +234,7 @@ def server_info(url: str, model: str | None, timeout: float = 30.0) -> dict:
             data = r.json().get("data") or []
         except ValueError:
             data = []
+    info["listed"] = [entry["id"] for entry in data if isinstance(entry, dict) and "id" in entry]
     if info["build"] == "unknown":
         for entry in data:
             for key in ("pb_build", "build_id", "build"):

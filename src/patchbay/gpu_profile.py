@@ -179,7 +179,8 @@ def kernel_table(prof, steps: int) -> dict:
         merged += cur[1] - cur[0]
     by_category: dict[str, float] = {}
     for name, (us, _) in kernels.items():
-        by_category[categorize(name)] = by_category.get(categorize(name), 0.0) + us
+        category = categorize(name)
+        by_category[category] = by_category.get(category, 0.0) + us
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:40]
     return {"steps": steps, "gpu_busy_ms_per_step": merged / 1000 / steps,
             "category_ms_per_step": {k: v / 1000 / steps for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},

@@ -143,9 +143,8 @@ def cmd_ab(args) -> int:
         server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens)
         if b_url:
             other = bench.server_info(b_url, server["model"])
-            listed = bench.listed_models(b_url)
-            if listed and server["model"] not in listed:
-                raise bench.BenchError(f"--b-url serves {', '.join(listed)}, not {server['model']}: "
+            if other["listed"] and server["model"] not in other["listed"]:
+                raise bench.BenchError(f"--b-url serves {', '.join(other['listed'])}, not {server['model']}: "
                                        "the two arms must serve the same model", 2)
             server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
         plan = bench.Plan(url=url, model=server["model"], arms=arms, prompts=chosen, levels=levels,

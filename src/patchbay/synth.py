@@ -300,8 +300,8 @@ def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, de
     if marker and marker.get("model") == label and marker.get("seed") == seed:
         return out
     config = config or AIR_CONFIGS[name]()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+
+    def save(tmp: Path) -> None:
         model = build_air12(device, seed, config)
         model.generation_config = GenerationConfig(do_sample=False, eos_token_id=config.eos_token_id,
                                                    pad_token_id=config.pad_token_id)
@@ -309,12 +309,24 @@ def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, de
         params = sum(p.numel() for p in model.parameters())
         del model
         padded_tokenizer(config.vocab_size).save_pretrained(tmp)
-        (Path(tmp) / MARKER).write_text(json.dumps({"model": label, "seed": seed, "params": params,
-                                                    "template_sha256": template_sha256()}, indent=2) + "\n")
+        (tmp / MARKER).write_text(json.dumps({"model": label, "seed": seed, "params": params,
+                                              "template_sha256": template_sha256()}, indent=2) + "\n")
+
+    return _write_checkpoint(out, save)
+
+
+def _write_checkpoint(out: Path, save) -> Path:
+    """save(tmp) writes a checkpoint, marker included, into a folder next to `out`; its files
+    then move in with the marker last: an interrupted write leaves no marker, so it can never be
+    mistaken for a finished checkpoint."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        save(Path(tmp))
         out.mkdir(exist_ok=True)
         (out / MARKER).unlink(missing_ok=True)
-        for entry in sorted(os.listdir(tmp), key=lambda n: n == MARKER):  # the marker last
-            os.replace(Path(tmp) / entry, out / entry)
+        for name in sorted(os.listdir(tmp), key=lambda n: n == MARKER):
+            os.chmod(Path(tmp) / name, 0o644)  # safetensors writes 0600; a server may run as another user
+            os.replace(Path(tmp) / name, out / name)
     return out
 
 
@@ -349,11 +361,8 @@ def _marker(seed: int, corpus_sha256: str, params: int, context: int) -> dict:
 
 def read_marker(path: Path) -> dict | None:
     """The synth marker in checkpoint dir `path`, or None if it is not a synth checkpoint."""
-    try:
-        marker = json.loads((Path(path) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) and marker.get("model") == TINY else None
+    marker = _read_json(Path(path) / MARKER)
+    return marker if marker is not None and marker.get("model") == TINY else None
 
 
 def _save_tiny(out: Path, seed: int, context: int) -> None:
@@ -391,14 +400,4 @@ def write_tiny(out_dir: str | os.PathLike, seed: int = 0, context: int = TINY_CO
     if (marker and marker.get("seed") == seed and marker.get("corpus_sha256") == corpus_texts()[1]
             and marker.get("template_sha256") == template_sha256() and marker.get("context", 512) == context):
         return out
-    # Build next to the target, then move files in with the marker last: an interrupted write
-    # leaves no marker, so it can never be mistaken for a finished checkpoint.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        _save_tiny(Path(tmp), seed, context)
-        out.mkdir(exist_ok=True)
-        (out / MARKER).unlink(missing_ok=True)
-        for name in sorted(os.listdir(tmp), key=lambda n: n == MARKER):
-            os.chmod(Path(tmp) / name, 0o644)  # safetensors writes 0600; a server may run as another user
-            os.replace(Path(tmp) / name, out / name)
-    return out
+    return _write_checkpoint(out, lambda tmp: _save_tiny(tmp, seed, context))
