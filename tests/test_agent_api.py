@@ -7,12 +7,16 @@ request (`pb_knobs`) to show upstream's behaviour next to it.
 """
 
 import functools
+import subprocess
+import sys
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+
+from patchbay import ROOT
 
 from .conftest import ALL_ON, Server
 
@@ -472,3 +476,31 @@ def test_bad_tool_choices_are_400s(agent):
 def test_tool_choice_knob_off_is_upstream(agent):
     r = tool_chat(agent, tool_choice="required", extra_body={"pb_knobs": {"PB_TOOL_CHOICE": 0}})
     assert r.choices[0].message.tool_calls is None  # upstream does not enforce it
+
+
+def test_teacher_forced_score_through_the_server(agent, patched_engine, tiny_model, tmp_path):
+    """`patchbay score --url`: each reference reply forced through the served engine's decode
+    path gives the same logprobs as the in-process teacher-forced forward (plus the end token);
+    sent all at once (batched) they stay at float rounding."""
+    from patchbay import exact, launch
+
+    served = exact.score_served(agent.url, tiny_model)
+    local = exact.score_engine(launch.engine_env(patched_engine, {}), tiny_model)
+    assert len(served["logprobs"]) == len(local["logprobs"]) == 4
+    for s, t in zip(served["logprobs"], local["logprobs"]):
+        assert len(s) == len(t) + 1 and len(t) > 100  # the forced end-of-turn token comes last
+        assert max(abs(a - b) for a, b in zip(s, t)) < 1e-3
+    out = tmp_path / "together.json"
+    proc = subprocess.run([sys.executable, "-m", "patchbay", "score", "--url", agent.url, "--together",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())
+    assert summary["tokens"] == sum(map(len, served["logprobs"])) and len(summary["texts"]) == 4
+    assert summary["max_abs"] < 1e-3
+
+
+def test_score_through_a_server_without_forced_decoding_says_so(server_on):
+    proc = subprocess.run([sys.executable, "-m", "patchbay", "score", "--url", server_on.url, "--together"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "PB_FORCED_DECODING=1" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -138,7 +138,8 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
 @pytest.mark.engine
 def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path):
     """Issue 6's A/B shape, on the CPU: one checkpoint served as 1 rank (A) and as 2 ranks (B),
-    side by side, passes alternating; TP=2 gives TP=1's greedy replies."""
+    side by side, passes alternating; TP=2 gives TP=1's greedy replies, and the reference texts
+    forced through both (--score) give TP=1's logprobs at float rounding."""
     import os
 
     from .conftest import free_port
@@ -147,10 +148,12 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     os.environ["PYTHONPATH"] = str(patched_engine.site)
     port = free_port()
     try:
-        code = gpu.side_by_side(False, port, [{"PB_FINGERPRINT": "1"}, {"PB_FINGERPRINT": "1"}], 32, tmp_path / "logs",
+        knobs = {"PB_FINGERPRINT": "1", "PB_FORCED_DECODING": "1", "PB_TOKENIZE": "1"}
+        code = gpu.side_by_side(False, port, [knobs, knobs], 32, tmp_path / "logs",
                                 ["--suites", "count", "--max-tokens", "6", "--reps", "1", "--warmup", "0",
                                  "--concurrency", "1,2", "--window", "tp", "--results-dir", str(tmp_path / "r"),
-                                 "--quiet"], model_dir=tiny_model, tps=(1, 2), device="cpu")
+                                 "--quiet"], model_dir=tiny_model, tps=(1, 2), device="cpu",
+                                score=tmp_path / "score")
     finally:
         os.environ.clear()
         os.environ.update(env_before)
@@ -162,3 +165,7 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     assert summary["errors"] == 0 and all(c["equal"] for c in summary["replies_all_levels"].values())
     assert "rank 1 follows rank 0's batches" in (tmp_path / "logs" / "server-B" / "rank1.log").read_text()
     assert not (tmp_path / "logs" / "server-A" / "rank1.log").exists()
+    tp = json.loads((tmp_path / "score" / "b-vs-a.json").read_text())
+    together = json.loads((tmp_path / "score" / "a-together-vs-a-alone.json").read_text())
+    assert tp["tokens"] == together["tokens"] > 1000 and len(tp["texts"]) == 4
+    assert tp["max_abs"] < 1e-3 and together["max_abs"] < 1e-3

@@ -102,6 +102,39 @@ def score(model_dir: str) -> dict:
     return {"logprobs": out}
 
 
+def score_served(url: str, model: str, together: bool = False, timeout: float = 600.0) -> dict:
+    """`score` through a live server's own decode path (it needs PB_FORCED_DECODING=1): each
+    reference reply is forced token by token and the server reports each token's logprob, so
+    CUDA graphs, compile and kernel patches are all in the measurement. `together`: the texts
+    are sent at once and share batches, as a busy server runs them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(client: httpx.Client, messages: list[dict], reply: str) -> list[float]:
+        # A forced reply reports its logprobs unasked; a server without the knob ignores the
+        # field and reports none. Room for the reply and its end token: counted by the server's
+        # /tokenize where it has one (PB_TOKENIZE), else one token per character at most.
+        t = client.post("/tokenize", json={"model": model, "prompt": reply, "add_special_tokens": False})
+        room = len(t.json()["tokens"]) + 1 if t.status_code == 200 else len(reply) + 8
+        body = {"model": model, "messages": messages, "pb_forced": {"text": reply}, "max_tokens": room,
+                "temperature": 0}
+        r = client.post("/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"{url} answered HTTP {r.status_code} to a forced reply: {r.text[:300]} "
+                               "(scoring through a server needs PB_FORCED_DECODING=1, and PB_GRAPH_SAMPLING=1 "
+                               "when it captures CUDA graphs)")
+        content = (r.json()["choices"][0].get("logprobs") or {}).get("content")
+        if not content:
+            raise RuntimeError(f"{url} sent no logprobs for a forced reply (is PB_FORCED_DECODING=1 set?)")
+        return [entry["logprob"] for entry in content]
+
+    pairs = reference_texts()
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        if not together:
+            return {"logprobs": [one(client, m, reply) for m, reply in pairs]}
+        with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+            return {"logprobs": list(pool.map(lambda pair: one(client, *pair), pairs))}
+
+
 def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "patchbay.exact", verb, model_dir], env=engine_env,
                           capture_output=True, text=True, timeout=600)

@@ -67,6 +67,13 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     t0 = time.monotonic()
     model = build_air12("cuda", seed=seed)
     tokenizer = padded_tokenizer(model.config.vocab_size)
+    try:  # the load hook a checkpoint would pass through (0220 picks the experts implementation)
+        from transformers._pb import fused_moe
+    except ImportError:  # the pristine engine
+        fused_moe = None
+    chosen = fused_moe.model_kwargs({}).get("experts_implementation") if fused_moe else None
+    if chosen:
+        model.set_experts_implementation(chosen)
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)
@@ -169,12 +176,14 @@ def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0,
 
 def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int, logs: Path,
                  ab_args: list[str], model_dir: str | None = None, tps: tuple[int, int] = (1, 1),
-                 device: str = "cuda") -> int:
+                 device: str = "cuda", score: Path | None = None) -> int:
     """`patchbay ab` between two servers side by side, for settings read at start: A on `port`
     with envs[0], B on port + 1 with envs[1], each with a fixed KV pool. Without `model_dir`
     each is air12 built in memory from the same seed on GPU 0 (two 54 GB models and their pools
     fit an H200); with it, each serves that checkpoint as tps[arm] tensor-parallel ranks (rank r
-    on GPU r). The passes alternate A B A B as for per-request knobs, one server busy at a time."""
+    on GPU r). The passes alternate A B A B as for per-request knobs, one server busy at a time.
+    With `score`, the reference texts are then forced through both servers (`patchbay score
+    --url`, both need PB_FORCED_DECODING=1) and the |Δ logprob| tables land there as JSON."""
     from .cli import main as patchbay_main
 
     logs.mkdir(parents=True, exist_ok=True)
@@ -190,8 +199,15 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
                 args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
                 procs += start_ranks(model_dir, tp, port + n, env, logs / f"server-{arm}", device=device,
                                      engine_args=args, rdzv_port=29600 + n)
-        return patchbay_main(["ab", "--url", f"http://127.0.0.1:{port}", "--b-url", f"http://127.0.0.1:{port + 1}",
-                              "--model", model_dir or AIR12, *ab_args])
+        a_url, b_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+        rc = patchbay_main(["ab", "--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12, *ab_args])
+        if score is not None:  # teacher forcing through both servers: B against A, A batched against A
+            score.mkdir(parents=True, exist_ok=True)
+            for name, args in (("b-vs-a", ["--b-url", b_url]), ("a-together-vs-a-alone", ["--together"])):
+                print(f"teacher-forced |Δ logprob|, {name}:", flush=True)
+                rc = patchbay_main(["score", "--url", a_url, *args, "--model", model_dir or AIR12,
+                                    "--json", str(score / f"{name}.json")]) or rc
+        return rc
     except RuntimeError as e:
         print(e, flush=True)
         return 1
@@ -344,6 +360,8 @@ def main(argv: list[str]) -> int:
                    "instead of air12 in memory, as --a-tp / --b-tp ranks")
     b.add_argument("--a-tp", type=int, default=1)
     b.add_argument("--b-tp", type=int, default=1)
+    b.add_argument("--score", metavar="DIR", help="with --a-env/--b-env: then teacher-forced |Δ logprob| through "
+                   "both servers into DIR (both envs need PB_FORCED_DECODING=1)")
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
     x = sub.add_parser("exact", help="HTTP transcripts of air12: pristine upstream vs the patched build, knobs unset")
     x.add_argument("--out", required=True)
@@ -377,7 +395,8 @@ def main(argv: list[str]) -> int:
             if (args.a_tp, args.b_tp) != (1, 1) and not args.model_dir:
                 raise SystemExit("--a-tp/--b-tp need --model-dir: tensor-parallel ranks load a checkpoint")
             return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args,
-                                args.model_dir, (args.a_tp, args.b_tp))
+                                args.model_dir, (args.a_tp, args.b_tp),
+                                score=Path(args.score) if args.score else None)
         return with_server(args.cuda_graphs, args.port,
                            lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]),
                            compile=args.compile)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -58,15 +59,53 @@ def cmd_score(args) -> int:
         engine = build.build(loaded, progress=lambda *_: None)
         return exact.score_engine(engine_env(engine, knobs), model)
 
-    model = _default_model(args.model_dir)
-    rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
+    if args.url:
+        rows = _score_served(args)
+    else:
+        if args.b_url or args.together:
+            raise Fail("--b-url and --together score live servers: give --url too", 2)
+        model = _default_model(args.model_dir)
+        rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
     print("text  tokens  mean |Δ logprob|  max |Δ logprob|")
     for r in rows:
         print(f"{r['text']:>4}  {r['tokens']:>6}  {r['mean_abs']:>16.3g}  {r['max_abs']:>15.3g}")
     n = sum(r["tokens"] for r in rows)
     mean = sum(r["mean_abs"] * r["tokens"] for r in rows) / n
     print(f"all   {n:>6}  {mean:>16.3g}  {max(r['max_abs'] for r in rows):>15.3g}")
+    if args.json:
+        summary = {"texts": rows, "tokens": n, "mean_abs": mean, "max_abs": max(r["max_abs"] for r in rows)}
+        Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
     return 0
+
+
+def _score_served(args) -> list[dict]:
+    """Teacher forcing through live servers: A alone against B alone (--b-url), or A alone
+    against A with every text sent at once (--together: what sharing batches changes)."""
+    from . import exact
+
+    if args.a_series or args.b_series or args.a_knob or args.b_knob or args.model_dir:
+        raise Fail("--url scores what the servers run: --a-/--b-series, --a-/--b-knob and --model-dir do not "
+                   "apply (start the servers with the settings to compare)", 2)
+    if bool(args.b_url) == bool(args.together):
+        raise Fail("with --url give exactly one of --b-url URL (A against B) or --together (A alone against "
+                   "A with the texts batched)", 2)
+    model = args.model or _served_model(args.url)
+    try:
+        a = exact.score_served(args.url, model)
+        if args.b_url:
+            b_model = args.model or _served_model(args.b_url)
+            if b_model != model:
+                raise Fail(f"{args.url} serves {model} but {args.b_url} serves {b_model}: score the same model", 2)
+            b = exact.score_served(args.b_url, model)
+        else:
+            b = exact.score_served(args.url, model, together=True)
+    except RuntimeError as e:
+        raise Fail(str(e)) from None
+    for i, (x, y) in enumerate(zip(a["logprobs"], b["logprobs"])):
+        if len(x) != len(y):
+            raise Fail(f"text {i}: A reported {len(x)} forced tokens and B {len(y)}: the servers tokenize "
+                       "differently", 1)
+    return exact.logprob_deltas(a, b)
 
 
 def _load_series(folder: str | None):
@@ -227,6 +266,12 @@ def add_verbs(verb) -> None:
         sc.add_argument(f"--{arm}-series", help=f"{arm.upper()}'s series folder, or `pristine` (default: patches/)")
         sc.add_argument(f"--{arm}-knob", action="append", metavar="PB_X=V", help=f"a knob set for {arm.upper()}")
     sc.add_argument("--model-dir", help="a checkpoint folder (default: the config's model)")
+    sc.add_argument("--url", help="score through this live server's decode path instead (PB_FORCED_DECODING=1)")
+    sc.add_argument("--b-url", metavar="URL", help="with --url: B is this other live server")
+    sc.add_argument("--model", help="with --url: the model id (default: the first one /v1/models lists)")
+    sc.add_argument("--together", action="store_true",
+                    help="with --url: B is the same server with every text sent at once (batched)")
+    sc.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     ab = verb("ab", cmd_ab, "paired A/B speed comparison of two pb_knobs settings on a live server")
     ab.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
     ab.add_argument("--b-url", metavar="URL", help="arm B is this other server (the same model), for settings "
