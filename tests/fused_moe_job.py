@@ -38,6 +38,50 @@ for tokens, experts, top_k, hidden, inter in [(1, 8, 2, 64, 32), (3, 8, 2, 48, 2
     report["kernel"].append({"shape": [tokens, experts, top_k, hidden, inter],
                              "max_abs": (out - ref).abs().max().item(), "ref_max": ref.abs().max().item()})
 
+# A step of more pairs than FUSED_MAX_PAIRS (a prefill) is upstream's grouped_mm, bit for bit.
+from transformers.integrations.moe import grouped_mm_experts_forward  # noqa: E402
+
+module = Glm4MoeExperts(Glm4MoeConfig(hidden_size=64, moe_intermediate_size=32, n_routed_experts=16,
+                                      num_experts_per_tok=8))
+with torch.no_grad():
+    module.gate_up_proj.normal_(0, 0.1)
+    module.down_proj.normal_(0, 0.1)
+tokens = fused_moe.FUSED_MAX_PAIRS // 8 + 3
+x = torch.randn(tokens, 64)
+index = torch.stack([torch.randperm(16)[:8] for _ in range(tokens)])
+weights = torch.rand(tokens, 8)
+with torch.no_grad():
+    report["prefill_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(module, x, index, weights),
+                                                  grouped_mm_experts_forward(module, x, index, weights))
+    # Without the interpreter a CPU tensor cannot run Triton: upstream's grouped_mm answers.
+    os.environ["TRITON_INTERPRET"] = "0"
+    report["cpu_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(module, x[:4], index[:4], weights[:4]),
+                                              grouped_mm_experts_forward(module, x[:4], index[:4], weights[:4]))
+    os.environ["TRITON_INTERPRET"] = "1"
+    report["decode_is_fused"] = not torch.equal(fused_moe.experts_forward(module, x[:4], index[:4], weights[:4]),
+                                                grouped_mm_experts_forward(module, x[:4], index[:4], weights[:4]))
+
+# The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs) equals the torch ops,
+# bit for bit, and never needs more blocks than the shape-only bound.
+report["align"] = []
+for tokens, experts, top_k in [(1, 128, 8), (3, 8, 2), (8, 128, 8), (17, 8, 3), (32, 128, 8), (5, 4, 2),
+                               (40, 16, 4), (1, 4, 4)]:
+    index = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
+    if tokens > 2:
+        index[1, 0] = experts  # masked
+        index[2, 1] = -1  # masked the other way
+    rows, blocks = fused_moe.align(index, experts)
+    rows_t, blocks_t = fused_moe.align_torch(index, experts)
+    kept = index.reshape(-1)
+    kept = kept[(kept >= 0) & (kept < experts)]
+    used = int((blocks >= 0).sum())
+    needed = int(sum((c + fused_moe.BLOCK_M - 1) // fused_moe.BLOCK_M for c in torch.bincount(kept).tolist()))
+    placed = sorted(r for r in rows.tolist() if r < tokens * top_k)
+    report["align"].append({"shape": [tokens, experts, top_k], "equal": torch.equal(rows, rows_t)
+                            and torch.equal(blocks, blocks_t), "used": used, "needed": needed,
+                            "bound": blocks.numel() == fused_moe.max_blocks(tokens * top_k, experts),
+                            "placed_once": placed == sorted(set(placed)) and len(placed) == kept.numel()})
+
 # The whole tiny model: greedy ids and teacher-forced logprobs, eager experts vs pb_triton.
 model_dir = sys.argv[1]
 tok = AutoTokenizer.from_pretrained(model_dir)

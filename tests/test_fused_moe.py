@@ -34,6 +34,17 @@ def test_kernels_match_eager_experts(report):
         assert case["max_abs"] < 1e-5 * max(1.0, case["ref_max"]), case
 
 
+def test_the_sort_into_blocks_is_one_program_equal_to_the_torch_ops(report):
+    assert len(report["align"]) == 8
+    for case in report["align"]:
+        assert case["equal"] and case["bound"] and case["placed_once"], case
+        assert case["used"] == case["needed"], case
+
+
+def test_prefill_sized_steps_and_plain_cpu_are_upstreams_grouped_mm(report):
+    assert report["prefill_is_grouped_mm"] and report["cpu_is_grouped_mm"] and report["decode_is_fused"]
+
+
 def test_the_tiny_model_is_unchanged_where_it_counts(report):
     assert report["fused_impl"] == "pb_triton"
     assert all(m["same_ids"] for m in report["models"]), report["models"]

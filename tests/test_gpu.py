@@ -169,3 +169,43 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     together = json.loads((tmp_path / "score" / "a-together-vs-a-alone.json").read_text())
     assert tp["tokens"] == together["tokens"] > 1000 and len(tp["texts"]) == 4
     assert tp["max_abs"] < 1e-3 and together["max_abs"] < 1e-3
+
+
+def test_moe_sweep_table_lists_every_arm_per_token_count(tmp_path):
+    from patchbay import gpu_moe
+
+    result = {"rows": [
+        {"tokens": 1, "roofline_us": 66.5, "impl": {
+            "grouped_mm": {"us": 173.8, "of_roofline": 0.383}, "pb_triton:shipped": {"us": 84.6, "of_roofline": 0.787},
+            "align:triton": {"us": 5.3, "equal": True}}},
+        {"tokens": 64, "roofline_us": 1048.1, "impl": {
+            "grouped_mm": {"us": 1541.9, "of_roofline": 0.680}, "pb_triton:shipped": {"error": "RuntimeError: x"}}}]}
+    lines = gpu_moe.render(result).splitlines()
+    assert lines[0] == "| implementation | 1 tok | 64 tok |"
+    assert "| roofline | 66 | 1048 |" in lines
+    assert "| grouped_mm | 174 (0.38) | 1542 (0.68) |" in lines
+    assert "| pb_triton:shipped | 85 (0.79) | error |" in lines
+    assert "| align:triton | 5.3 | - |" in lines
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(result))
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "patchbay.gpu_moe", "table", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == gpu_moe.render(result)
+
+
+def test_a_profiled_cold_prompt_gets_a_row_in_the_step_table():
+    from patchbay import gpu_profile
+
+    kernels = [{"name": "flash_fwd_kernel", "ms_per_step": 90.0}, {"name": "sm90_xmma_gemm_bf16", "ms_per_step": 60.0},
+               {"name": "GroupProblemShape<cutlass>", "ms_per_step": 40.0}]
+    profile = {"top_kernels": kernels, "category_ms_per_step": {"attention": 90.0, "gemm": 60.0, "experts": 45.0},
+               "gpu_busy_ms_per_step": 195.0, "wall_ms_per_step": 250.0}
+    record = {"passes": [{"setting": "s", "prefill_tokens": 8192, "ttft_s": 0.25, "ttft_all_s": [0.25, 0.26],
+                          "profile": profile}]}
+    lines, summary = gpu_profile.window_tables([("p", record)])
+    row = next(line for line in lines if line.startswith("| p / s, cold 8192-token prompt |"))
+    # wall, busy, experts, GEMMs, attention, gathers, sampling, other (the 5 ms the top list leaves out), gap
+    assert row == "| p / s, cold 8192-token prompt | 250.00 | 195.00 | 40.00 | 60.00 | 90.00 | 0.00 | 0.00 | 5.00 | 55.00 |"
+    assert "| p / s | 8192 | 0.250 / 0.260 |" in lines and summary["ttft_s"] == {"p / s": 0.25}

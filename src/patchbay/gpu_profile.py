@@ -41,7 +41,7 @@ DEFAULT_SETTINGS = {
 # Kernel name patterns, first match wins; a step's kernels are summed per category.
 CATEGORIES = [
     # upstream's grouped_mm experts run CUTLASS grouped GEMMs (GroupProblemShape in the name)
-    ("experts", re.compile(r"GroupProblemShape|grouped_mm|_pb_moe|fused_moe|bmm")),
+    ("experts", re.compile(r"GroupProblemShape|grouped_mm|pb_moe_|fused_moe|bmm")),
     ("attention", re.compile(r"fmha|flash|attention|attn|sdpa|softmax", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|nvjet|sm90_|sm80_|xmma|cublas", re.I)),
     ("gather/scatter", re.compile(r"index|gather|scatter|copy_kernel|cat|unrolled_elementwise_kernel.*copy", re.I)),
@@ -136,12 +136,13 @@ def run_pass(manager, prompt: list[int], concurrency: int, tokens: int) -> dict:
             "replies_sha": replies, "first_reply_head": outputs[ids[0]].generated_tokens[:8]}
 
 
-def run_prefill(manager, vocab: int, length: int, reps: int) -> dict:
+def run_prefill(manager, vocab: int, length: int, reps: int, salt: int = 0) -> dict:
     """Cold prompts of `length` tokens, one at a time, one token each: time to the first token.
-    Each prompt has its own tokens (no prefix-cache hit); the first one is a warm-up."""
-    times = []
+    Each prompt has its own tokens (no prefix-cache hit; another `salt`, other prompts); the
+    first one is a warm-up."""
+    times, warmup = [], None
     for rep in range(reps + 1):
-        prompt = [(7 + 9973 * (rep + 1) * (i + 1)) % vocab for i in range(length)]
+        prompt = [(7 + 9973 * (rep + 1 + salt) * (i + 1)) % vocab for i in range(length)]
         t0 = time.perf_counter()
         rid = manager.add_request(prompt, max_new_tokens=1)
         while True:
@@ -152,7 +153,26 @@ def run_prefill(manager, vocab: int, length: int, reps: int) -> dict:
                 break
         if rep:
             times.append(time.perf_counter() - t0)
-    return {"prefill_tokens": length, "ttft_s": sorted(times)[len(times) // 2], "ttft_all_s": times}
+        else:
+            warmup = time.perf_counter() - t0
+    return {"prefill_tokens": length, "ttft_s": sorted(times)[len(times) // 2] if times else None,
+            "ttft_all_s": times, "warmup_s": warmup}
+
+
+def profile_prefill(manager, vocab: int, length: int) -> dict:
+    """The kernels of a cold prompt, by category (two prompts of their own under the profiler;
+    `wall_ms_per_step` is one prompt's time to its first token)."""
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        timed = run_prefill(manager, vocab, length, 1, salt=100)
+        torch.cuda.synchronize()
+    table = kernel_table(prof, 2)
+    table["wall_ms_per_step"] = (timed["warmup_s"] + timed["ttft_s"]) * 1000 / 2
+    table["gap_ms_per_step"] = table["wall_ms_per_step"] - table["gpu_busy_ms_per_step"]
+    return table
 
 
 def kernel_table(prof, steps: int) -> dict:
@@ -216,6 +236,8 @@ def window_tables(parts: list[tuple[str, dict]]) -> tuple[list[str], dict]:
                 ttft.append(f"| {label} | {row['prefill_tokens']} | "
                             + " / ".join(f"{t:.3f}" for t in row["ttft_all_s"]) + " |")
                 summary["ttft_s"][label] = row["ttft_s"]
+                if "profile" in row:
+                    steps.append(step_table_row(f"{label}, cold {row['prefill_tokens']}-token prompt", row["profile"]))
             elif "aggregate_tok_s" in row:
                 speed.append(f"| {label} | C{row['concurrency']} | {row['aggregate_tok_s']:.1f} | "
                              f"{row['per_stream_decode_tok_s'] or 0:.1f} | {row['roofline_tok_s']:.0f} | "
@@ -229,7 +251,8 @@ def window_tables(parts: list[tuple[str, dict]]) -> tuple[list[str], dict]:
     lines = ["## Per decode step (ms; kernels summed by name from the profiler, wall = timed pass / steps)", "",
              "| part / setting, level | wall | GPU busy | experts | other GEMMs | attention | gather / copy | "
              "sampling | other kernels | host gap |", "|---|" + "---:|" * 9, *steps, "",
-             "`host gap` = wall − GPU busy: host work between steps that the GPU waits for.", "",
+             "`host gap` = wall − GPU busy: host work between steps that the GPU waits for. A cold-prompt "
+             "row is one prompt's time to its first token, not a decode step.", "",
              "## Throughput (aggregate tok/s; roofline = HBM bandwidth over the bf16 bytes a step reads, "
              "`patchbay.roofline`)", "",
              "| part / setting | level | aggregate tok/s | per-stream decode tok/s | roofline tok/s | of roofline | "
@@ -361,6 +384,10 @@ def main(argv: list[str]) -> int:
         knobs = setting.pop("knobs", {})
         setting_levels = setting.pop("levels", levels)
         record["settings"][name] = {"experts": experts, "knobs": knobs, "cb_config": setting}
+        if experts == "pb_triton":  # 0220's fused kernels: registered by the patched engine on demand
+            from transformers._pb import fused_moe
+
+            fused_moe.register()
         model.set_experts_implementation(experts)
         gen = GenerationConfig(do_sample=False, max_new_tokens=args.tokens, eos_token_id=-1, pad_token_id=0)
         with Knobs(knobs):
@@ -377,6 +404,8 @@ def main(argv: list[str]) -> int:
                     row = {"setting": name}
                     try:
                         row.update(run_prefill(manager, config.vocab_size, args.prefill, 2))
+                        if cuda:
+                            row["profile"] = profile_prefill(manager, config.vocab_size, args.prefill)
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     record["passes"].append(row)
