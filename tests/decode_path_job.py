@@ -1,7 +1,7 @@
 """Run by tests/test_decode_path.py in a fresh interpreter with the patched engine first on
-PYTHONPATH and the PB_* variables the test sets: the decode-path hooks of 0230, 0240 and 0250
-called through upstream's own functions, with the knob values of this process. Prints one
-JSON line."""
+PYTHONPATH and the PB_* variables the test sets: the decode-path hooks of 0230, 0240, 0250 and
+0270 called through upstream's own functions (0270 through the tiny model's own batching),
+with the knob values of this process. Prints one JSON line."""
 
 import json
 import sys
@@ -111,7 +111,46 @@ def compile_levels(model_dir: str) -> list:
     return levels
 
 
+def causal_prefill(model_dir: str) -> dict:
+    """Greedy replies of the tiny model through continuous batching, each prompt alone and the
+    three together, with every sdpa call recorded: whether it had a mask or ran causal."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, *args, is_causal=False, **kwargs):
+        calls.append({"q": query.shape[-2], "k": key.shape[-2], "mask": attn_mask is not None,
+                      "causal": bool(is_causal)})
+        return sdpa(query, key, value, attn_mask, *args, is_causal=is_causal, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = recording
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    prompts = [tok(t)["input_ids"] for t in ("def fibonacci(n):", "The quick brown fox jumps", "import os\nimport")]
+    greedy = GenerationConfig(do_sample=False, max_new_tokens=12, eos_token_id=-1, pad_token_id=0)
+    cache = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
+
+    def run(batch):
+        out = model.generate_batch(inputs=batch, generation_config=greedy, continuous_batching_config=cache,
+                                   progress_bar=False)
+        return [list(out[k].generated_tokens) for k in sorted(out, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
+
+    report = {"alone": [], "alone_calls": []}
+    for prompt in prompts:
+        calls.clear()
+        report["alone"].append(run([prompt])[0])
+        report["alone_calls"].append([dict(c) for c in calls if c["q"] > 1])
+    calls.clear()
+    report["together"] = run(prompts)
+    report["together_calls"] = [dict(c) for c in calls if c["q"] > 1]
+    report["layers"] = model.config.num_hidden_layers
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    return report
+
+
 cases, mismatches = mask_cases()
 print(json.dumps({"compile_levels": compile_levels(sys.argv[1]), "mask_cases": cases, "mask_mismatches": mismatches,
                   "padding": padding(), "transfer": transfer(), "async_with_graphs": async_choice(True),
-                  "async_without_graphs": async_choice(False), "switch_interval": sys.getswitchinterval()}))
+                  "async_without_graphs": async_choice(False), "switch_interval": sys.getswitchinterval(),
+                  "causal_prefill": causal_prefill(sys.argv[1]) if "--replies" in sys.argv else None}))

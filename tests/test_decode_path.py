@@ -1,6 +1,7 @@
 """The GPU decode path's patches on the CPU: 0230's graph buckets (PB_GRAPH_BUCKETS), 0240's
 async batching with masks (PB_ASYNC_BATCHING), 0250's switch interval (PB_SWITCH_INTERVAL),
-0260's compile level (PB_COMPILE_LEVEL) and 0100's greedy rows.
+0260's compile level (PB_COMPILE_LEVEL), 0270's causal prefill (PB_CAUSAL_PREFILL) and 0100's
+greedy rows.
 
 Their effect needs CUDA graphs (W04, W05 on an H200); here the rules are checked and the hooks
 are called through upstream's own functions in a fresh interpreter, with the knobs on and off.
@@ -19,24 +20,32 @@ from .conftest import engine_module
 pytestmark = pytest.mark.engine
 
 
-def run_job(engine, model, **knobs) -> dict:
+def run_job(engine, model, replies: bool = False, **knobs) -> dict:
+    """The job's checks; with `replies`, also the tiny model's greedy replies through batching."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     env.update(PYTHONPATH=str(engine.site), **knobs)
     job = Path(__file__).with_name("decode_path_job.py")
-    proc = subprocess.run([sys.executable, str(job), model], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(job), model, *(["--replies"] if replies else [])], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def off(patched_engine, tiny_model):
-    return run_job(patched_engine, tiny_model)
+    return run_job(patched_engine, tiny_model, replies=True)
 
 
 @pytest.fixture(scope="module")
 def on(patched_engine, tiny_model):
     return run_job(patched_engine, tiny_model, PB_GRAPH_BUCKETS="1", PB_ASYNC_BATCHING="1",
                    PB_SWITCH_INTERVAL="500", PB_COMPILE_LEVEL="1")
+
+
+@pytest.fixture(scope="module")
+def causal(patched_engine, tiny_model):
+    """0270 alone: compile (0260) would trace sdpa once instead of calling it every step."""
+    return run_job(patched_engine, tiny_model, replies=True, PB_CAUSAL_PREFILL="1")
 
 
 def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
@@ -151,3 +160,17 @@ def test_plain_greedy_rows_of_a_greedy_batch_are_left_to_the_batch(patched_engin
     finally:
         for request_id in specs:
             sampler.release(request_id)
+
+
+def test_a_lone_fresh_prompt_runs_causal_and_replies_as_with_the_mask(off, causal):
+    """0270: a prompt alone, with nothing cached, is attended with sdpa's causal kernel and no
+    mask in every layer; its greedy reply is the masked path's. Prompts that share the step, and
+    every decode step, keep upstream's mask; knob off, no call runs causal."""
+    a, b = off["causal_prefill"], causal["causal_prefill"]
+    assert a["alone"] == b["alone"] and a["together"] == b["together"]
+    assert all(len(reply) == 12 for reply in b["alone"] + b["together"])
+    for calls in b["alone_calls"]:
+        prefill = [c for c in calls if c["q"] == c["k"]]
+        assert len(prefill) == b["layers"] and all(c["causal"] and not c["mask"] for c in prefill), calls
+    assert b["together_calls"] and all(c["mask"] and not c["causal"] for c in b["together_calls"])
+    assert all(c["mask"] and not c["causal"] for calls in a["alone_calls"] for c in calls)
