@@ -61,6 +61,37 @@ with torch.no_grad():
     report["decode_is_fused"] = not torch.equal(fused_moe.experts_forward(module, x[:4], index[:4], weights[:4]),
                                                 grouped_mm_experts_forward(module, x[:4], index[:4], weights[:4]))
 
+# Tensor parallelism: each rank holds half of every expert's width ([gate; up] halves, the down
+# projection's columns) while the module keeps the model's width; the two ranks' outputs sum to
+# the whole layer's (the all-reduce upstream's TP plan adds after the experts).
+module = Glm4MoeExperts(Glm4MoeConfig(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8,
+                                      num_experts_per_tok=2))
+with torch.no_grad():
+    module.gate_up_proj.normal_(0, 0.1)
+    module.down_proj.normal_(0, 0.1)
+x, index, weights = torch.randn(3, 64), torch.stack([torch.randperm(8)[:2] for _ in range(3)]), torch.rand(3, 2)
+parts = []
+for rank in range(2):
+    shard = Glm4MoeExperts(module.config)
+    half = slice(16 * rank, 16 * rank + 16)
+    with torch.no_grad():
+        gate, up = module.gate_up_proj[:, :32], module.gate_up_proj[:, 32:]
+        shard.gate_up_proj = torch.nn.Parameter(torch.cat([gate[:, half], up[:, half]], dim=1))
+        shard.down_proj = torch.nn.Parameter(module.down_proj[:, :, half].contiguous())
+        parts.append(fused_moe.experts_forward(shard, x, index, weights))
+with torch.no_grad():
+    whole = fused_moe.experts_forward(module, x, index, weights)
+report["tp_shards_sum_to_whole"] = (parts[0] + parts[1] - whole).abs().max().item()
+
+# A layout the kernels do not compute (another activation) is upstream's grouped_mm, bit for bit.
+gelu = Glm4MoeExperts(Glm4MoeConfig(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8,
+                                    num_experts_per_tok=2, hidden_act="gelu"))
+with torch.no_grad():
+    gelu.gate_up_proj.normal_(0, 0.1)
+    gelu.down_proj.normal_(0, 0.1)
+    report["other_layout_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(gelu, x, index, weights),
+                                                       grouped_mm_experts_forward(gelu, x, index, weights))
+
 # The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs) equals the torch ops,
 # bit for bit, and never needs more blocks than the shape-only bound.
 report["align"] = []

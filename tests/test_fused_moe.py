@@ -45,6 +45,14 @@ def test_prefill_sized_steps_and_plain_cpu_are_upstreams_grouped_mm(report):
     assert report["prefill_is_grouped_mm"] and report["cpu_is_grouped_mm"] and report["decode_is_fused"]
 
 
+def test_tensor_parallel_shards_sum_to_the_whole_layer(report):
+    assert report["tp_shards_sum_to_whole"] < 1e-5
+
+
+def test_layouts_the_kernels_do_not_compute_stay_grouped_mm(report):
+    assert report["other_layout_is_grouped_mm"]
+
+
 def test_the_tiny_model_is_unchanged_where_it_counts(report):
     assert report["fused_impl"] == "pb_triton"
     assert all(m["same_ids"] for m in report["models"]), report["models"]
