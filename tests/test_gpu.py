@@ -206,6 +206,47 @@ def test_a_profiled_cold_prompt_gets_a_row_in_the_step_table():
                           "profile": profile}]}
     lines, summary = gpu_profile.window_tables([("p", record)])
     row = next(line for line in lines if line.startswith("| p / s, cold 8192-token prompt |"))
-    # wall, busy, experts, GEMMs, attention, gathers, sampling, other (the 5 ms the top list leaves out), gap
-    assert row == "| p / s, cold 8192-token prompt | 250.00 | 195.00 | 40.00 | 60.00 | 90.00 | 0.00 | 0.00 | 5.00 | 55.00 |"
+    # wall, busy, experts, GEMMs, attention, gathers, sampling, collectives, other (the 5 ms the top list
+    # leaves out), host gap
+    assert row == ("| p / s, cold 8192-token prompt | 250.00 | 195.00 | 40.00 | 60.00 | 90.00 | 0.00 | 0.00 | 0.00 "
+                   "| 5.00 | 55.00 |")
     assert "| p / s | 8192 | 0.250 / 0.260 |" in lines and summary["ttft_s"] == {"p / s": 0.25}
+
+
+@pytest.mark.engine
+def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_model, tmp_path):
+    """Issue 6's all-reduce share, on the CPU: two TP ranks serve under patchbay.served_profile;
+    at each level the streams run while both ranks are profiled (SIGUSR1 .. SIGUSR2), and each
+    rank writes its window (on a CPU there are no CUDA graphs, so no step table)."""
+    import os
+
+    from .conftest import free_port
+
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(patched_engine.site)
+    try:
+        code = gpu.served_profile_job(tmp_path / "p", [1, 2], 48, 0.3, {"PB_FINGERPRINT": "1"}, False, 32,
+                                      tiny_model, 2, free_port(), device="cpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    assert code == 0
+    record = json.loads((tmp_path / "p" / "served-profile.json").read_text())
+    rows = record["rows"]
+    assert [(r["level"], r["rank"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert len({r["pid"] for r in rows}) == 2 and all(r["seconds"] >= 0.3 for r in rows)
+    assert all(r["graph_replays"] == 0 and r["wall_ms_per_step"] is None for r in rows)
+    for rank in (0, 1):
+        assert sorted(p.name for p in (tmp_path / "p" / f"rank{rank}").iterdir()) == ["window-0.json", "window-1.json"]
+    table = (tmp_path / "p" / "table.md").read_text().splitlines()
+    assert len(table) == 6 and table[2].startswith("| C1, rank 0 | no CUDA-graph replays")
+
+
+def test_served_table_has_the_collectives_column():
+    profile = {"top_kernels": [{"name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ms_per_step": 0.8},
+                               {"name": "pb_moe_down", "ms_per_step": 0.5}],
+               "category_ms_per_step": {"collective": 0.8, "experts": 0.5}, "gpu_busy_ms_per_step": 1.3,
+               "wall_ms_per_step": 2.0}
+    table = gpu.render_served([{"level": 1, "rank": 1, **profile}]).splitlines()
+    assert "collectives" in table[0]
+    assert table[2] == "| C1, rank 1 | 2.00 | 1.30 | 0.50 | 0.00 | 0.00 | 0.00 | 0.00 | 0.80 | 0.00 | 0.70 |"

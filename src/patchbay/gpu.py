@@ -88,13 +88,23 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     return serve
 
 
+def profiled(cmd: list[str], profile_dir: Path | None) -> list[str]:
+    """`python -m MODULE ARGS` run under `patchbay.served_profile` (windows into profile_dir)."""
+    if profile_dir is None:
+        return cmd
+    assert cmd[1] == "-m", cmd
+    return [cmd[0], "-m", "patchbay.served_profile", str(profile_dir), "--", *cmd[2:]]
+
+
 def start_server(cuda_graphs: bool, port: int, log: Path, env: dict | None = None, compile: bool = False,
-                 ready_timeout: float = 900.0, num_blocks: int | None = None) -> subprocess.Popen:
+                 ready_timeout: float = 900.0, num_blocks: int | None = None,
+                 profile_dir: Path | None = None) -> subprocess.Popen:
     """`serve` in its own process (the load generator must not share its interpreter), returned
     once it has streamed a token; RuntimeError with the log's tail when it exits or never gets there."""
     cmd = [sys.executable, "-m", "patchbay.gpu", "serve", "--port", str(port)]
     cmd += (["--cuda-graphs"] if cuda_graphs else []) + (["--compile"] if compile else [])
     cmd += ["--num-blocks", str(num_blocks)] if num_blocks else []
+    cmd = profiled(cmd, profile_dir)
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     seconds = wait_ready([proc], [log], f"http://127.0.0.1:{port}", AIR12, ready_timeout)
@@ -132,12 +142,14 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, device: str = "cuda",
-                engine_args: str = "", rdzv_port: int = 29600, ready_timeout: float = 1800.0) -> list:
+                engine_args: str = "", rdzv_port: int = 29600, ready_timeout: float = 1800.0,
+                profile_dir: Path | None = None) -> list:
     """`transformers serve MODEL_DIR` as `tp` tensor-parallel ranks on this machine (rank r on
     GPU r, NVLink multicast off), the engine and packages from this process's PYTHONPATH (as
     scripts/gpu-run.sh sets it): the launch of the local runtime, for a machine where patchbay
     cannot build. Returns the rank processes once rank 0 streamed a token; RuntimeError with a
-    rank's log tail when one exits first."""
+    rank's log tail when one exits first. With `profile_dir`, rank r runs under
+    `patchbay.served_profile` with its windows in profile_dir/rank{r}."""
     import dataclasses
 
     from .config import Config
@@ -151,7 +163,8 @@ def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, de
     procs = []
     for rank in range(tp):
         with (log_dir / f"rank{rank}.log").open("w") as log:
-            procs.append(subprocess.Popen(engine_command(cfg, model_dir), stdout=log, stderr=subprocess.STDOUT,
+            cmd = profiled(engine_command(cfg, model_dir), profile_dir / f"rank{rank}" if profile_dir else None)
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           env={**base, **knobs, **rank_env(cfg, rank)}, stdin=subprocess.DEVNULL))
     logs = [log_dir / f"rank{rank}.log" for rank in range(tp)]
     seconds = wait_ready(procs, logs, f"http://127.0.0.1:{port}", model_dir, ready_timeout)
@@ -225,6 +238,125 @@ def parse_env(text: str, flag: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.startswith("PB_") for k in value):
         raise SystemExit(f"{flag}: expected a JSON object of PB_* names to values, e.g. '{{\"PB_X\": \"1\"}}'")
     return {k: "1" if v is True else "0" if v is False else str(v) for k, v in value.items()}
+
+
+COUNT_PROMPT = "Count upwards from 1, one number per line, and do not stop."
+
+
+class _Started:
+    """Set once `total` streams have each received their first token."""
+
+    def __init__(self, total: int):
+        self.total, self.seen, self.lock, self.event = total, 0, threading.Lock(), threading.Event()
+
+    def first_token(self) -> None:
+        with self.lock:
+            self.seen += 1
+            if self.seen >= self.total:
+                self.event.set()
+
+
+def stream_reply(url: str, model: str, max_tokens: int, started: _Started, errors: list) -> None:
+    """One greedy streamed chat reply, read to its end."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": COUNT_PROMPT}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    first = True
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+            for line in r.iter_lines():
+                if first and line.startswith("data: ") and line != "data: [DONE]":
+                    first = False
+                    started.first_token()
+    except Exception as e:  # reported by the caller, which must not hang on a failed stream
+        errors.append(f"{type(e).__name__}: {e}")
+        if first:
+            started.first_token()
+
+
+def profile_levels(procs: list, url: str, model: str, levels: list[int], tokens: int, window_s: float,
+                   profile_dir: Path, ranks: list[Path]) -> list[dict]:
+    """For each level: C streams of `tokens` tokens; once every stream has its first token, each
+    served process (started under `patchbay.served_profile`) is profiled for `window_s` seconds."""
+    rows = []
+    for level in levels:
+        started, errors = _Started(level), []
+        threads = [threading.Thread(target=stream_reply, args=(url, model, tokens, started, errors))
+                   for _ in range(level)]
+        for t in threads:
+            t.start()
+        if not started.event.wait(300):
+            raise RuntimeError(f"C{level}: not every stream got a first token in 300 s")
+        if errors:
+            raise RuntimeError(f"C{level}: {errors[0]}")
+        before = [len(list(d.glob("window-*.json"))) for d in ranks]
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(window_s)
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 120
+        for rank, (folder, count) in enumerate(zip(ranks, before)):
+            path = folder / f"window-{count}.json"
+            while not path.is_file():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"C{level}: rank {rank} wrote no profile window")
+                time.sleep(0.2)
+            rows.append({"level": level, "rank": rank, **json.loads(path.read_text())})
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError(f"C{level}: {errors[0]}")
+    return rows
+
+
+def render_served(rows: list[dict]) -> str:
+    """The profiled windows as a decode-step table (ms a step; a step = one CUDA-graph replay)."""
+    from .gpu_profile import STEP_HEADER, step_table_row
+
+    lines = ["| level, rank | wall | GPU busy " + STEP_HEADER, "|---|" + "---:|" * 10]
+    for row in rows:
+        label = f"C{row['level']}, rank {row['rank']}"
+        if row.get("wall_ms_per_step") is None:
+            lines.append(f"| {label} | no CUDA-graph replays in the window (no GPU, or graphs off) |" + " |" * 9)
+        else:
+            lines.append(step_table_row(label, row))
+    return "\n".join(lines) + "\n"
+
+
+def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: float, env: dict, cuda_graphs: bool,
+                       num_blocks: int, model_dir: str | None, tp: int, port: int, device: str = "cuda") -> int:
+    """Serve (air12 in memory, or MODEL_DIR as `tp` ranks), profile each level's decode steps on
+    every rank, write out/served-profile.json and out/table.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    url = f"http://127.0.0.1:{port}"
+    procs = []
+    try:
+        if model_dir is None:
+            procs.append(start_server(cuda_graphs, port, out / "server.log", {**base, **env}, num_blocks=num_blocks,
+                                      profile_dir=out / "rank0"))
+        else:
+            args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
+            procs += start_ranks(model_dir, tp, port, env, out, device=device, engine_args=args,
+                                 profile_dir=out)
+        ranks = [out / f"rank{r}" for r in range(len(procs))]
+        rows = profile_levels(procs, url, model_dir or AIR12, levels, tokens, window_s, out, ranks)
+    except RuntimeError as e:
+        print(e, flush=True)
+        return 1
+    finally:
+        for proc in procs:
+            stop_server(proc)
+    (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s,
+                                                         "env": env, "tp": tp, "rows": rows}, indent=1) + "\n")
+    table = render_served(rows)
+    (out / "table.md").write_text(table)
+    print(table, flush=True)
+    return 0
 
 
 def exact_job(out: Path) -> int:
@@ -370,6 +502,18 @@ def main(argv: list[str]) -> int:
     g.add_argument("--cuda-graphs", action="store_true")
     g.add_argument("--graph-sampling", action="store_true", help="PB_GRAPH_SAMPLING=1 (0210)")
     g.add_argument("ab_args", nargs=argparse.REMAINDER, help="`patchbay ab` flags for the cost A/B (after --)")
+    f = sub.add_parser("served-profile", help="profile the decode steps of a live server (every TP rank) "
+                       "under load, collectives included")
+    f.add_argument("--out", required=True)
+    f.add_argument("--port", type=int, default=8000)
+    f.add_argument("--cuda-graphs", action="store_true")
+    f.add_argument("--env", default="{}", metavar="JSON", help="the server's PB_* variables")
+    f.add_argument("--num-blocks", type=int, default=192)
+    f.add_argument("--model-dir", help="serve this checkpoint as --tp ranks (default: air12 in memory, one rank)")
+    f.add_argument("--tp", type=int, default=1)
+    f.add_argument("--levels", default="1,8,32")
+    f.add_argument("--tokens", type=int, default=1024, help="each stream's reply length (longer than the window)")
+    f.add_argument("--window-s", type=float, default=1.0, help="seconds profiled at each level")
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
     args = p.parse_args(argv)
@@ -402,6 +546,15 @@ def main(argv: list[str]) -> int:
                            compile=args.compile)
     if args.verb == "exact":
         return exact_job(Path(args.out))
+    if args.verb == "served-profile":
+        if args.tp != 1 and not args.model_dir:
+            raise SystemExit("--tp needs --model-dir: tensor-parallel ranks load a checkpoint")
+        try:
+            levels = [int(v) for v in args.levels.split(",") if v.strip()]
+        except ValueError:
+            raise SystemExit(f"--levels {args.levels!r}: expected integers like 1,8,32") from None
+        return served_profile_job(Path(args.out), levels, args.tokens, args.window_s, parse_env(args.env, "--env"),
+                                  args.cuda_graphs, args.num_blocks, args.model_dir, args.tp, args.port)
     if args.verb == "agent":
         return agent_job(Path(args.out), args.cuda_graphs, [a for a in args.ab_args if a != "--"],
                          args.graph_sampling)

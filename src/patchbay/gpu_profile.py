@@ -40,6 +40,8 @@ DEFAULT_SETTINGS = {
 
 # Kernel name patterns, first match wins; a step's kernels are summed per category.
 CATEGORIES = [
+    # tensor parallelism's collectives (NCCL kernels; gloo runs on the host)
+    ("collective", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),
     # upstream's grouped_mm experts run CUTLASS grouped GEMMs (GroupProblemShape in the name)
     ("experts", re.compile(r"GroupProblemShape|grouped_mm|pb_moe_|fused_moe|bmm")),
     ("attention", re.compile(r"fmha|flash|attention|attn|sdpa|softmax", re.I)),
@@ -208,7 +210,9 @@ def kernel_table(prof, steps: int) -> dict:
                              "category": categorize(n)} for n, (us, c) in top]}
 
 
-STEP_COLUMNS = ["experts", "gemm", "attention", "gather/scatter", "sampling", "other"]
+STEP_COLUMNS = ["experts", "gemm", "attention", "gather/scatter", "sampling", "collective", "other"]
+STEP_HEADER = ("| experts | other GEMMs | attention | gather / copy | sampling | collectives | other kernels "
+               "| host gap |")
 
 
 def step_table_row(label: str, prof: dict) -> str:
@@ -249,8 +253,7 @@ def window_tables(parts: list[tuple[str, dict]]) -> tuple[list[str], dict]:
                 speed.append(f"| {label} | C{row.get('concurrency', '?')} | error: {row.get('error', '?')[:80]} "
                              "| | | | | |")
     lines = ["## Per decode step (ms; kernels summed by name from the profiler, wall = timed pass / steps)", "",
-             "| part / setting, level | wall | GPU busy | experts | other GEMMs | attention | gather / copy | "
-             "sampling | other kernels | host gap |", "|---|" + "---:|" * 9, *steps, "",
+             "| part / setting, level | wall | GPU busy " + STEP_HEADER, "|---|" + "---:|" * 10, *steps, "",
              "`host gap` = wall − GPU busy: host work between steps that the GPU waits for. A cold-prompt "
              "row is one prompt's time to its first token, not a decode step.", "",
              "## Throughput (aggregate tok/s; roofline = HBM bandwidth over the bf16 bytes a step reads, "
