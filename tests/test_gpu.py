@@ -237,7 +237,8 @@ def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_mode
     assert len({r["pid"] for r in rows}) == 2 and all(r["seconds"] >= 0.3 for r in rows)
     assert all(r["graph_replays"] == 0 and r["wall_ms_per_step"] is None for r in rows)
     for rank in (0, 1):
-        assert sorted(p.name for p in (tmp_path / "p" / f"rank{rank}").iterdir()) == ["window-0.json", "window-1.json"]
+        assert sorted(p.name for p in (tmp_path / "p" / f"rank{rank}").iterdir()) == \
+            ["started-0", "started-1", "window-0.json", "window-1.json"]
     table = (tmp_path / "p" / "table.md").read_text().splitlines()
     assert len(table) == 6 and table[2].startswith("| C1, rank 0 | no CUDA-graph replays")
 

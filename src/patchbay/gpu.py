@@ -172,6 +172,21 @@ def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, de
     return procs
 
 
+def start_serving(model_dir: str | None, tp: int, port: int, env: dict, logs: Path, cuda_graphs: bool,
+                  num_blocks: int, device: str = "cuda", rdzv_port: int = 29600,
+                  profile_dir: Path | None = None) -> list:
+    """air12 built in memory as one process (no `model_dir`; its log is logs.log), or `model_dir`
+    as `tp` ranks (their logs in logs/). With `profile_dir`, rank r runs under
+    patchbay.served_profile with its windows in profile_dir/rank{r}."""
+    if model_dir is None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+        return [start_server(cuda_graphs, port, logs.with_suffix(".log"), {**base, **env}, num_blocks=num_blocks,
+                             profile_dir=profile_dir / "rank0" if profile_dir else None)]
+    args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
+    return start_ranks(model_dir, tp, port, env, logs, device=device, engine_args=args, rdzv_port=rdzv_port,
+                       profile_dir=profile_dir)
+
+
 def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
                 env: dict | None = None, compile: bool = False) -> int:
     """Start `serve`, run job(url), stop the server. Returns job's exit code."""
@@ -200,18 +215,12 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
     from .cli import main as patchbay_main
 
     logs.mkdir(parents=True, exist_ok=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     procs = []
     try:
         for n, (arm, env, tp) in enumerate(zip("AB", envs, tps)):
             print(f"arm {arm}: TP={tp}, {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
-            if model_dir is None:
-                procs.append(start_server(cuda_graphs, port + n, logs / f"server-{arm}.log", {**base, **env},
-                                          num_blocks=num_blocks))
-            else:
-                args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
-                procs += start_ranks(model_dir, tp, port + n, env, logs / f"server-{arm}", device=device,
-                                     engine_args=args, rdzv_port=29600 + n)
+            procs += start_serving(model_dir, tp, port + n, env, logs / f"server-{arm}", cuda_graphs, num_blocks,
+                                   device, rdzv_port=29600 + n)
         a_url, b_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
         rc = patchbay_main(["ab", "--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12, *ab_args])
         if score is not None:  # teacher forcing through both servers: B against A, A batched against A
@@ -278,9 +287,10 @@ def stream_reply(url: str, model: str, max_tokens: int, started: _Started, error
 
 
 def profile_levels(procs: list, url: str, model: str, levels: list[int], tokens: int, window_s: float,
-                   profile_dir: Path, ranks: list[Path]) -> list[dict]:
+                   ranks: list[Path]) -> list[dict]:
     """For each level: C streams of `tokens` tokens; once every stream has its first token, each
-    served process (started under `patchbay.served_profile`) is profiled for `window_s` seconds."""
+    served process (started under `patchbay.served_profile`, writing its windows into ranks[r])
+    is profiled for `window_s` seconds."""
     rows = []
     for level in levels:
         started, errors = _Started(level), []
@@ -295,22 +305,26 @@ def profile_levels(procs: list, url: str, model: str, levels: list[int], tokens:
         before = [len(list(d.glob("window-*.json"))) for d in ranks]
         for proc in procs:
             os.kill(proc.pid, signal.SIGUSR1)
+        _wait_for([d / f"started-{n}" for d, n in zip(ranks, before)], f"C{level}: a rank's profiler did not start")
         time.sleep(window_s)
         for proc in procs:
             os.kill(proc.pid, signal.SIGUSR2)
-        deadline = time.monotonic() + 120
-        for rank, (folder, count) in enumerate(zip(ranks, before)):
-            path = folder / f"window-{count}.json"
-            while not path.is_file():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"C{level}: rank {rank} wrote no profile window")
-                time.sleep(0.2)
-            rows.append({"level": level, "rank": rank, **json.loads(path.read_text())})
+        windows = [d / f"window-{n}.json" for d, n in zip(ranks, before)]
+        _wait_for(windows, f"C{level}: a rank wrote no profile window")
+        rows += [{"level": level, "rank": rank, **json.loads(path.read_text())} for rank, path in enumerate(windows)]
         for t in threads:
             t.join()
         if errors:
             raise RuntimeError(f"C{level}: {errors[0]}")
     return rows
+
+
+def _wait_for(paths: list[Path], failure: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.is_file() for p in paths):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{failure} within {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 def render_served(rows: list[dict]) -> str:
@@ -332,19 +346,13 @@ def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: floa
     """Serve (air12 in memory, or MODEL_DIR as `tp` ranks), profile each level's decode steps on
     every rank, write out/served-profile.json and out/table.md."""
     out.mkdir(parents=True, exist_ok=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     url = f"http://127.0.0.1:{port}"
     procs = []
     try:
-        if model_dir is None:
-            procs.append(start_server(cuda_graphs, port, out / "server.log", {**base, **env}, num_blocks=num_blocks,
-                                      profile_dir=out / "rank0"))
-        else:
-            args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
-            procs += start_ranks(model_dir, tp, port, env, out, device=device, engine_args=args,
-                                 profile_dir=out)
+        procs += start_serving(model_dir, tp, port, env, out / "server", cuda_graphs, num_blocks, device,
+                               profile_dir=out)
         ranks = [out / f"rank{r}" for r in range(len(procs))]
-        rows = profile_levels(procs, url, model_dir or AIR12, levels, tokens, window_s, out, ranks)
+        rows = profile_levels(procs, url, model_dir or AIR12, levels, tokens, window_s, ranks)
     except RuntimeError as e:
         print(e, flush=True)
         return 1

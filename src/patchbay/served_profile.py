@@ -3,8 +3,8 @@
     python -m patchbay.served_profile OUT_DIR -- MODULE [ARGS...]
 
 runs `python -m MODULE ARGS...` (a `transformers serve` rank, as `gpu.start_ranks` starts it) in
-this interpreter. SIGUSR1 starts torch.profiler, SIGUSR2 stops it and writes
-OUT_DIR/window-N.json: the GPU kernels of that window by category (collectives included, so a
+this interpreter. SIGUSR1 starts torch.profiler (OUT_DIR/started-N appears once it runs),
+SIGUSR2 stops it and writes OUT_DIR/window-N.json: the GPU kernels of that window by category (collectives included, so a
 tensor-parallel rank's all-reduce share shows), the GPU's busy time, and the number of CUDA
 graph replays (one per decode step under graphs). The signals only set events; a thread of
 its own starts and stops the profiler, which records the device's kernels whichever thread
@@ -58,6 +58,7 @@ class Profiler:
             prof = torch.profiler.profile(activities=activities)
             prof.start()
             t0 = time.perf_counter()
+            (self.out / f"started-{self.windows}").touch()  # the driver times its window from here
             self.stop.wait()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
