@@ -81,3 +81,16 @@ def test_teacher_forced_scores(tmp_path, tiny_model):
     assert all(float(r[2]) > 0 and float(r[3]) >= float(r[2]) for r in rows)
     bad = patchbay("score", "--b-knob", "PB_NOPE=1", "--model-dir", tiny_model)
     assert bad.returncode == 2 and "PB_NOPE is not a knob" in bad.stderr
+
+
+def test_score_through_servers_refuses_bad_input_in_one_line():
+    from .conftest import free_port
+
+    gone = patchbay("score", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m", "--together", timeout=120)
+    assert gone.returncode == 1 and "is not reachable" in gone.stderr and "Traceback" not in gone.stderr
+    both = patchbay("score", "--url", "http://127.0.0.1:9", "--b-url", "http://127.0.0.1:9", "--together")
+    assert both.returncode == 2 and "exactly one of --b-url URL" in both.stderr
+    local = patchbay("score", "--together")
+    assert local.returncode == 2 and "give --url too" in local.stderr
+    mixed = patchbay("score", "--url", "http://127.0.0.1:9", "--together", "--b-knob", "PB_SSE_DONE=1")
+    assert mixed.returncode == 2 and "do not apply" in mixed.stderr

@@ -128,11 +128,14 @@ def score_served(url: str, model: str, together: bool = False, timeout: float = 
         return [entry["logprob"] for entry in content]
 
     pairs = reference_texts()
-    with httpx.Client(base_url=url, timeout=timeout) as client:
-        if not together:
-            return {"logprobs": [one(client, m, reply) for m, reply in pairs]}
-        with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
-            return {"logprobs": list(pool.map(lambda pair: one(client, *pair), pairs))}
+    try:
+        with httpx.Client(base_url=url, timeout=timeout) as client:
+            if not together:
+                return {"logprobs": [one(client, m, reply) for m, reply in pairs]}
+            with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+                return {"logprobs": list(pool.map(lambda pair: one(client, *pair), pairs))}
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"{url} is not reachable ({type(e).__name__}: {e})") from None
 
 
 def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:

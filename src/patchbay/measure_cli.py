@@ -62,8 +62,8 @@ def cmd_score(args) -> int:
     if args.url:
         rows = _score_served(args)
     else:
-        if args.b_url or args.together:
-            raise Fail("--b-url and --together score live servers: give --url too", 2)
+        if args.b_url or args.together or args.model:
+            raise Fail("--b-url, --together and --model score live servers: give --url too", 2)
         model = _default_model(args.model_dir)
         rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
     print("text  tokens  mean |Δ logprob|  max |Δ logprob|")
