@@ -187,6 +187,21 @@ def start_serving(model_dir: str | None, tp: int, port: int, env: dict, logs: Pa
                        profile_dir=profile_dir)
 
 
+def with_servers(job) -> int:
+    """job(procs) starts its servers into `procs` and returns an exit code. A RuntimeError (a
+    server that never got ready, a failed measurement) is printed as it is and gives 1; every
+    process started is stopped at the end."""
+    procs: list = []
+    try:
+        return job(procs)
+    except RuntimeError as e:
+        print(e, flush=True)
+        return 1
+    finally:
+        for proc in procs:
+            stop_server(proc)
+
+
 def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
                 env: dict | None = None, compile: bool = False) -> int:
     """Start `serve`, run job(url), stop the server. Returns job's exit code."""
@@ -215,8 +230,8 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
     from .cli import main as patchbay_main
 
     logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    try:
+
+    def job(procs: list) -> int:
         for n, (arm, env, tp) in enumerate(zip("AB", envs, tps)):
             print(f"arm {arm}: TP={tp}, {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
             procs += start_serving(model_dir, tp, port + n, env, logs / f"server-{arm}", cuda_graphs, num_blocks,
@@ -230,12 +245,8 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
                 rc = patchbay_main(["score", "--url", a_url, *args, "--model", model_dir or AIR12,
                                     "--json", str(score / f"{name}.json")]) or rc
         return rc
-    except RuntimeError as e:
-        print(e, flush=True)
-        return 1
-    finally:
-        for proc in procs:
-            stop_server(proc)
+
+    return with_servers(job)
 
 
 def parse_env(text: str, flag: str) -> dict[str, str]:
@@ -346,19 +357,18 @@ def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: floa
     """Serve (air12 in memory, or MODEL_DIR as `tp` ranks), profile each level's decode steps on
     every rank, write out/served-profile.json and out/table.md."""
     out.mkdir(parents=True, exist_ok=True)
-    url = f"http://127.0.0.1:{port}"
-    procs = []
-    try:
+    rows: list[dict] = []
+
+    def job(procs: list) -> int:
         procs += start_serving(model_dir, tp, port, env, out / "server", cuda_graphs, num_blocks, device,
                                profile_dir=out)
         ranks = [out / f"rank{r}" for r in range(len(procs))]
-        rows = profile_levels(procs, url, model_dir or AIR12, levels, tokens, window_s, ranks)
-    except RuntimeError as e:
-        print(e, flush=True)
+        rows.extend(profile_levels(procs, f"http://127.0.0.1:{port}", model_dir or AIR12, levels, tokens, window_s,
+                                   ranks))
+        return 0
+
+    if with_servers(job):
         return 1
-    finally:
-        for proc in procs:
-            stop_server(proc)
     (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s,
                                                          "env": env, "tp": tp, "rows": rows}, indent=1) + "\n")
     table = render_served(rows)

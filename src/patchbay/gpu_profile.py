@@ -161,20 +161,27 @@ def run_prefill(manager, vocab: int, length: int, reps: int, salt: int = 0) -> d
             "ttft_all_s": times, "warmup_s": warmup}
 
 
-def profile_prefill(manager, vocab: int, length: int) -> dict:
-    """The kernels of a cold prompt, by category (two prompts of their own under the profiler;
-    `wall_ms_per_step` is one prompt's time to its first token)."""
+def profiled_steps(run, steps: int, wall_ms) -> dict:
+    """run() under torch.profiler: the kernel table over its `steps` steps, with the wall time a
+    step that wall_ms(run's result) gives, and the host gap."""
     import torch
 
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        timed = run_prefill(manager, vocab, length, 1, salt=100)
+        result = run()
         torch.cuda.synchronize()
-    table = kernel_table(prof, 2)
-    table["wall_ms_per_step"] = (timed["warmup_s"] + timed["ttft_s"]) * 1000 / 2
+    table = kernel_table(prof, steps)
+    table["wall_ms_per_step"] = wall_ms(result)
     table["gap_ms_per_step"] = table["wall_ms_per_step"] - table["gpu_busy_ms_per_step"]
     return table
+
+
+def profile_prefill(manager, vocab: int, length: int) -> dict:
+    """The kernels of a cold prompt, by category (two prompts of their own under the profiler;
+    `wall_ms_per_step` is one prompt's time to its first token)."""
+    return profiled_steps(lambda: run_prefill(manager, vocab, length, 1, salt=100), 2,
+                          lambda timed: (timed["warmup_s"] + timed["ttft_s"]) * 1000 / 2)
 
 
 def kernel_table(prof, steps: int) -> dict:
@@ -422,15 +429,9 @@ def main(argv: list[str]) -> int:
                         row["roofline_tok_s"] = roof
                         row["of_roofline"] = row["aggregate_tok_s"] / roof
                         if level in profile_levels and cuda:
-                            torch.cuda.synchronize()
-                            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
-                                timed = run_pass(manager, prompt, level, args.profile_tokens)
-                                torch.cuda.synchronize()
-                            table = kernel_table(prof, args.profile_tokens)
-                            table["wall_ms_per_step"] = timed["wall_s"] * 1000 / args.profile_tokens
-                            table["gap_ms_per_step"] = table["wall_ms_per_step"] - table["gpu_busy_ms_per_step"]
-                            row["profile"] = table
+                            row["profile"] = profiled_steps(
+                                lambda: run_pass(manager, prompt, level, args.profile_tokens), args.profile_tokens,
+                                lambda timed: timed["wall_s"] * 1000 / args.profile_tokens)
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     record["passes"].append(row)
