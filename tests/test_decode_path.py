@@ -174,3 +174,23 @@ def test_a_lone_fresh_prompt_runs_causal_and_replies_as_with_the_mask(off, causa
         assert len(prefill) == b["layers"] and all(c["causal"] and not c["mask"] for c in prefill), calls
     assert b["together_calls"] and all(c["mask"] and not c["causal"] for c in b["together_calls"])
     assert all(c["mask"] and not c["causal"] for calls in a["alone_calls"] for c in calls)
+
+
+def compile_job(engine, model, **knobs) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    env.update(PYTHONPATH=str(engine.site), **knobs)
+    job = Path(__file__).with_name("compile_job.py")
+    proc = subprocess.run([sys.executable, str(job), model], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_compile_level_compiles_every_layer(patched_engine, tiny_model):
+    """0260 raises dynamo's recompile limits in the thread that compiles: with 12 layers, upstream's
+    default (8 entries a frame) is hit and the later layers run uncompiled; with the knob, none is
+    hit. The compiled replies equal the eager ones either way."""
+    on = compile_job(patched_engine, tiny_model, PB_COMPILE_LEVEL="1")
+    assert on["limit_hits"] == [] and on["compiled"] == on["eager"]
+    assert len({tuple(r) for r in on["eager"]}) == 2  # two prompts, two different replies
+    off = compile_job(patched_engine, tiny_model)
+    assert "recompile_limit" in off["limit_hits"] and off["compiled"] == off["eager"] == on["eager"]
