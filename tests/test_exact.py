@@ -43,6 +43,33 @@ def test_exact_on_a_live_server_passes(server_on):
     assert "next to 3 others == alone" in proc.stdout
 
 
+def test_exact_compares_two_servers(server_on, tmp_path):
+    """--b-url: each exactness prompt's greedy reply from a second server, tokens named by A's
+    /tokenize. The same engine under another address must agree on all eight."""
+    import json
+
+    other = server_on.url.replace("127.0.0.1", "localhost")
+    out = tmp_path / "rows.json"
+    proc = patchbay("exact", "--url", server_on.url, "--b-url", other, "--max-tokens", "24", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 same, 0 different" in proc.stdout
+    rows = json.loads(out.read_text())
+    assert len(rows) == 8 and all(r["equal"] and r["detail"].endswith("reply tokens") for r in rows)
+    assert max(int(r["detail"].split()[0]) for r in rows) > 16  # --max-tokens reached the server
+
+
+def test_exact_against_a_second_server_refuses_bad_input_in_one_line(server_on):
+    from .conftest import free_port
+
+    gone = patchbay("exact", "--url", server_on.url, "--b-url", f"http://127.0.0.1:{free_port()}",
+                    "--model", server_on.model, timeout=120)
+    assert gone.returncode == 1 and "not reachable" in gone.stderr and "Traceback" not in gone.stderr
+    alone = patchbay("exact", "--b-url", server_on.url)
+    assert alone.returncode == 2 and "give --url" in alone.stderr
+    short = patchbay("exact", "--url", server_on.url, "--b-url", server_on.url, "--max-tokens", "0")
+    assert short.returncode == 2 and "--max-tokens 0" in short.stderr
+
+
 def toy_series(tmp_path):
     """A one-patch series that scales the routed experts' weights and ignores its knob."""
     lock = upstream.Lock.read()

@@ -306,17 +306,21 @@ def check_probes(a: dict, b: dict, check: str) -> list[dict]:
 
 
 def chat_ids(client: httpx.Client, model: str, messages: list[dict], knobs: dict | None = None,
-             max_tokens: int = NEW_TOKENS) -> list[int]:
+             max_tokens: int = NEW_TOKENS, tokenizer: httpx.Client | None = None) -> list[int]:
     """One greedy reply as token ids: the reply text tokenized by the server's /tokenize
-    (PB_TOKENIZE), so a difference can be named by token."""
+    (PB_TOKENIZE), or by `tokenizer`'s, so a difference can be named by token."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
     if knobs:
         body["pb_knobs"] = knobs
-    r = client.post("/v1/chat/completions", json=body)
-    if r.status_code != 200:
-        raise RuntimeError(f"the server answered HTTP {r.status_code}: {r.text[:200]}")
-    text = r.json()["choices"][0]["message"]["content"] or ""
-    t = client.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+    try:
+        r = client.post("/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"{client.base_url} answered HTTP {r.status_code}: {r.text[:200]}")
+        text = r.json()["choices"][0]["message"]["content"] or ""
+        tokenizer = tokenizer or client
+        t = tokenizer.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+    except httpx.TransportError as e:
+        raise RuntimeError(f"a server is not reachable ({e}); is it running?") from None
     if t.status_code != 200:
         raise RuntimeError("naming tokens needs the server's /tokenize (start it with PB_TOKENIZE=1)")
     return t.json()["tokens"]
@@ -327,6 +331,20 @@ def check_same_bits(url: str, model: str, knob: str, off, on, timeout: float = 3
     with httpx.Client(base_url=url, timeout=timeout) as client:
         return [_row(f"{knob}={on} == {knob}={off}", i, chat_ids(client, model, m, {knob: off}),
                      chat_ids(client, model, m, {knob: on})) for i, m in enumerate(EXACTNESS_PROMPTS)]
+
+
+def check_servers(url: str, b_url: str, model: str, max_tokens: int = NEW_TOKENS,
+                  timeout: float = 300.0) -> list[dict]:
+    """Every exactness prompt's greedy reply from server A against server B (the same model
+    served another way, e.g. one rank against two tensor-parallel ranks). Both name tokens with
+    A's /tokenize, so a tokenizer difference cannot hide a reply difference."""
+    with httpx.Client(base_url=url, timeout=timeout) as a, httpx.Client(base_url=b_url, timeout=timeout) as b:
+        rows = []
+        for i, messages in enumerate(EXACTNESS_PROMPTS):
+            mine = chat_ids(a, model, messages, max_tokens=max_tokens)
+            theirs = chat_ids(b, model, messages, max_tokens=max_tokens, tokenizer=a)
+            rows.append(_row(f"{b_url} == {url}", i, theirs, mine))
+        return rows
 
 
 def check_batched(url: str, model: str, others: int, timeout: float = 300.0) -> list[dict]:

@@ -225,8 +225,9 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
     each is air12 built in memory from the same seed on GPU 0 (two 54 GB models and their pools
     fit an H200); with it, each serves that checkpoint as tps[arm] tensor-parallel ranks (rank r
     on GPU r). The passes alternate A B A B as for per-request knobs, one server busy at a time.
-    With `score`, the reference texts are then forced through both servers (`patchbay score
-    --url`, both need PB_FORCED_DECODING=1) and the |Δ logprob| tables land there as JSON."""
+    With `score`, the exactness prompts' greedy replies are then compared (`patchbay exact
+    --b-url`, 64 tokens) and the reference texts forced through both servers (`patchbay score
+    --url`, both need PB_FORCED_DECODING=1); the rows and |Δ logprob| tables land there as JSON."""
     from .cli import main as patchbay_main
 
     logs.mkdir(parents=True, exist_ok=True)
@@ -240,11 +241,33 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
         rc = patchbay_main(["ab", "--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12, *ab_args])
         if score is not None:  # teacher forcing through both servers: B against A, A batched against A
             score.mkdir(parents=True, exist_ok=True)
+            print("greedy replies of the exactness prompts, B against A (a difference is a finding, not a "
+                  "failure):", flush=True)
+            patchbay_main(["exact", "--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12,
+                           "--max-tokens", "64", "--json", str(score / "greedy-b-vs-a.json")])
             for name, args in (("b-vs-a", ["--b-url", b_url]), ("a-together-vs-a-alone", ["--together"])):
                 print(f"teacher-forced |Δ logprob|, {name}:", flush=True)
                 rc = patchbay_main(["score", "--url", a_url, *args, "--model", model_dir or AIR12,
                                     "--json", str(score / f"{name}.json")]) or rc
         return rc
+
+    return with_servers(job)
+
+
+def checkpoint_ab(model_dir: str, tp: int, port: int, cuda_graphs: bool, num_blocks: int, logs: Path,
+                  ab_args: list[str]) -> int:
+    """`patchbay ab` against one server of `model_dir` as `tp` ranks, started with the production
+    knob set (config/prod.env.example): for a model only one layout can hold, where the arms are
+    per-request knobs, or A against A to read the layout's own speed."""
+    from .cli import main as patchbay_main
+    from .config import load as load_config
+
+    knobs = load_config(ROOT / "config" / "prod.env.example").knobs
+    print(f"one server: TP={tp}, production knobs {json.dumps(knobs)}", flush=True)
+
+    def job(procs: list) -> int:
+        procs += start_serving(model_dir, tp, port, knobs, logs / "server", cuda_graphs, num_blocks)
+        return patchbay_main(["ab", "--url", f"http://127.0.0.1:{port}", "--model", model_dir, *ab_args])
 
     return with_servers(job)
 
@@ -559,6 +582,9 @@ def main(argv: list[str]) -> int:
             return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args,
                                 args.model_dir, (args.a_tp, args.b_tp),
                                 score=Path(args.score) if args.score else None)
+        if args.model_dir:  # one server of the checkpoint; ab's arms are per-request knobs (or --b-url)
+            return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks,
+                                 Path(args.logs), ab_args)
         return with_server(args.cuda_graphs, args.port,
                            lambda url: patchbay_main(["ab", "--url", url, "--model", AIR12, *ab_args]),
                            compile=args.compile)

@@ -15,10 +15,13 @@ def cmd_exact(args) -> int:
     from . import build, exact
     from .launch import engine_env
 
-    if not (args.pristine or args.knob or args.batched):
-        raise Fail("say what to check: --pristine, and/or --url URL with --knob PB_X=off,on or --batched N", 2)
-    if (args.knob or args.batched) and not args.url:
-        raise Fail("--knob and --batched check a live server: give --url", 2)
+    if not (args.pristine or args.knob or args.batched or args.b_url):
+        raise Fail("say what to check: --pristine, and/or --url URL with --knob PB_X=off,on, --batched N or "
+                   "--b-url URL", 2)
+    if (args.knob or args.batched or args.b_url) and not args.url:
+        raise Fail("--knob, --batched and --b-url check a live server: give --url", 2)
+    if args.max_tokens < 1:
+        raise Fail(f"--max-tokens {args.max_tokens}: must be at least 1", 2)
     rows = []
     if args.pristine:
         loaded = _load_series(args.series)
@@ -36,6 +39,16 @@ def cmd_exact(args) -> int:
             rows += exact.check_same_bits(args.url, model, name, off, on)
         if args.batched:
             rows += exact.check_batched(args.url, model, args.batched)
+        if args.b_url:
+            b_model = _served_model(args.b_url) if not args.model else model
+            if b_model != model:
+                raise Fail(f"{args.url} serves {model} but {args.b_url} serves {b_model}: compare the same model", 2)
+            try:
+                rows += exact.check_servers(args.url, args.b_url, model, args.max_tokens)
+            except RuntimeError as e:
+                raise Fail(str(e)) from None
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     print(exact.render(rows))
     return 0 if all(r["equal"] for r in rows) else 1
 
@@ -261,6 +274,11 @@ def add_verbs(verb) -> None:
     x.add_argument("--model", help="with --url: the model id (default: the first /v1/models lists)")
     x.add_argument("--knob", action="append", metavar="PB_X=OFF,ON", help="a same-bits knob, per request")
     x.add_argument("--batched", type=int, metavar="N", help="each prompt next to N others == alone")
+    x.add_argument("--b-url", metavar="URL", help="with --url: each prompt's greedy reply from this other server "
+                   "(the same model served another way, e.g. TP=2 against TP=1) == from --url")
+    x.add_argument("--max-tokens", type=int, default=16, help="with --b-url: reply length compared "
+                   "(default: %(default)s)")
+    x.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     sc = verb("score", cmd_score, "teacher-forced scoring: mean and max |Δ logprob| of reference texts, A vs B")
     for arm in ("a", "b"):
         sc.add_argument(f"--{arm}-series", help=f"{arm.upper()}'s series folder, or `pristine` (default: patches/)")
