@@ -286,11 +286,29 @@ def build_air12(device: str | torch.device = "cuda", seed: int = 0, config: Glm4
     return model.eval()
 
 
+def spread_layers(model) -> list[str]:
+    """Move the decoder layers of a model built on one GPU over every visible GPU, in equal runs
+    (the embedding, final norm and head stay). Upstream's save_pretrained first makes a
+    converted copy of every weight on the weight's own device, so one GPU cannot save a model
+    larger than half its memory (air24: 111 GB); spread over two, each holds half and its copy.
+    Returns the devices in layer order; the values are unchanged."""
+    import torch
+
+    layers = model.model.layers
+    count = torch.cuda.device_count() if model.device.type == "cuda" else 1
+    if count < 2:
+        return [str(model.device)] * len(layers)
+    per = -(-len(layers) // count)
+    for i, layer in enumerate(layers):
+        layer.to(f"cuda:{i // per}")
+    return [f"cuda:{i // per}" for i in range(len(layers))]
+
+
 def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, device: str = "cuda",
               config: Glm4MoeConfig | None = None) -> Path:
     """Write an air model (air12, air24) as a checkpoint, for servers that load models by path
     (tensor parallelism: every rank loads its part). The weights are exactly build_air12's for
-    the seed (built on `device`, then saved in 5 GB shards), with the padded tokenizer and its
+    the seed (built on `device`, spread over every GPU, then saved in 5 GB shards), with the padded tokenizer and its
     chat template. An existing checkpoint of the same name and seed is kept; a non-empty folder
     that is not one of ours is refused. `config` overrides the shapes (tests)."""
     out = Path(out_dir)
@@ -303,6 +321,7 @@ def write_air(out_dir: str | os.PathLike, name: str = "air12", seed: int = 0, de
 
     def save(tmp: Path) -> None:
         model = build_air12(device, seed, config)
+        spread_layers(model)
         model.generation_config = GenerationConfig(do_sample=False, eos_token_id=config.eos_token_id,
                                                    pad_token_id=config.pad_token_id)
         model.save_pretrained(tmp, max_shard_size="5GB")
