@@ -62,8 +62,10 @@ class Profiler:
             t0 = time.perf_counter()
             (self.out / f"started-{self.windows}").touch()  # the driver times its window from here
             self.stop.wait()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            # No device synchronize here: the engine may be capturing a CUDA graph for a new
+            # batch size right now, and a synchronize during a capture breaks it (it took an
+            # air24 TP=2 server down at C8 on the H200, W07). Kernels still running at the
+            # stop are left out of the window.
             seconds = time.perf_counter() - t0
             prof.stop()
             record = {"pid": os.getpid(), "rank": int(os.environ.get("RANK", "0")), **window_table(prof, seconds)}
