@@ -169,6 +169,34 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     together = json.loads((tmp_path / "score" / "a-together-vs-a-alone.json").read_text())
     assert tp["tokens"] == together["tokens"] > 1000 and len(tp["texts"]) == 4
     assert tp["max_abs"] < 1e-3 and together["max_abs"] < 1e-3
+    greedy = json.loads((tmp_path / "score" / "greedy-b-vs-a.json").read_text())
+    assert len(greedy) == 8 and all(row["equal"] for row in greedy)  # float32 on the CPU: the same replies
+
+
+def test_checkpoint_ab_serves_one_tp2_server_with_the_production_knobs(patched_engine, tiny_model, tmp_path):
+    """A model only TP=2 holds gets one server of two ranks with config/prod.env.example's knobs;
+    `--b-url` to itself reads that server's speed A against A."""
+    import os
+
+    from .conftest import free_port
+
+    env_before = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(patched_engine.site)
+    port = free_port()
+    try:
+        code = gpu.checkpoint_ab(tiny_model, 2, port, False, 32, tmp_path / "logs",
+                                 ["--b-url", f"http://127.0.0.1:{port}", "--suites", "count", "--max-tokens", "6",
+                                  "--reps", "1", "--warmup", "0", "--concurrency", "1", "--window", "aa",
+                                  "--results-dir", str(tmp_path / "r"), "--quiet"], device="cpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    assert code == 0
+    window = next((tmp_path / "r").iterdir())
+    assert json.loads((window / "summary.json").read_text())["errors"] == 0
+    rank0 = (tmp_path / "logs" / "server" / "rank0.log").read_text()
+    assert "PB_FUSED_MOE=1" in rank0 and "PB_TENSOR_PARALLEL=1" in rank0  # the production set, TP on
+    assert "rank 1 follows rank 0's batches" in (tmp_path / "logs" / "server" / "rank1.log").read_text()
 
 
 def test_moe_sweep_table_lists_every_arm_per_token_count(tmp_path):

@@ -255,7 +255,7 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
 
 
 def checkpoint_ab(model_dir: str, tp: int, port: int, cuda_graphs: bool, num_blocks: int, logs: Path,
-                  ab_args: list[str]) -> int:
+                  ab_args: list[str], device: str = "cuda") -> int:
     """`patchbay ab` against one server of `model_dir` as `tp` ranks, started with the production
     knob set (config/prod.env.example): for a model only one layout can hold, where the arms are
     per-request knobs, or A against A to read the layout's own speed."""
@@ -266,7 +266,7 @@ def checkpoint_ab(model_dir: str, tp: int, port: int, cuda_graphs: bool, num_blo
     print(f"one server: TP={tp}, production knobs {json.dumps(knobs)}", flush=True)
 
     def job(procs: list) -> int:
-        procs += start_serving(model_dir, tp, port, knobs, logs / "server", cuda_graphs, num_blocks)
+        procs += start_serving(model_dir, tp, port, knobs, logs / "server", cuda_graphs, num_blocks, device)
         return patchbay_main(["ab", "--url", f"http://127.0.0.1:{port}", "--model", model_dir, *ab_args])
 
     return with_servers(job)
@@ -529,8 +529,9 @@ def main(argv: list[str]) -> int:
     b.add_argument("--num-blocks", type=int, default=192,
                    help="with --a-env/--b-env: each server's KV pages of 256 tokens (default: %(default)s)")
     b.add_argument("--logs", default="/tmp/pb-ab-logs", help="with --a-env/--b-env: the servers' logs")
-    b.add_argument("--model-dir", help="with --a-env/--b-env: serve this checkpoint (`patchbay synth air12 DIR`) "
-                   "instead of air12 in memory, as --a-tp / --b-tp ranks")
+    b.add_argument("--model-dir", help="serve this checkpoint (`patchbay synth air12 DIR`) instead of air12 in "
+                   "memory: with --a-env/--b-env as --a-tp / --b-tp ranks, alone as one server of --a-tp ranks "
+                   "with the production knobs (ab's arms then per-request knobs, or --b-url to itself)")
     b.add_argument("--a-tp", type=int, default=1)
     b.add_argument("--b-tp", type=int, default=1)
     b.add_argument("--score", metavar="DIR", help="with --a-env/--b-env: then teacher-forced |Δ logprob| through "
