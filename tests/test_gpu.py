@@ -267,6 +267,8 @@ def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_mode
     for rank in (0, 1):
         assert sorted(p.name for p in (tmp_path / "p" / f"rank{rank}").iterdir()) == \
             ["started-0", "started-1", "window-0.json", "window-1.json"]
+        window = json.loads((tmp_path / "p" / f"rank{rank}" / "window-0.json").read_text())
+        assert window["warm_s"] > 0 and window["seconds"] >= 0.3  # traced unrecorded first, then the window
     table = (tmp_path / "p" / "table.md").read_text().splitlines()
     assert len(table) == 6 and table[2].startswith("| C1, rank 0 | no CUDA-graph replays")
 

@@ -3,8 +3,9 @@
     python -m patchbay.served_profile OUT_DIR -- MODULE [ARGS...]
 
 runs `python -m MODULE ARGS...` (a `transformers serve` rank, as `gpu.start_ranks` starts it) in
-this interpreter. SIGUSR1 starts torch.profiler (OUT_DIR/started-N appears once it runs),
-SIGUSR2 stops it and writes OUT_DIR/window-N.json: the GPU kernels of that window by category (collectives included, so a
+this interpreter. SIGUSR1 starts torch.profiler, which traces WARM_S seconds unrecorded before
+its window (OUT_DIR/started-N appears once the window runs); SIGUSR2 ends the window and writes
+OUT_DIR/window-N.json: the GPU kernels of that window by category (collectives included, so a
 tensor-parallel rank's all-reduce share shows), the GPU's busy time, and the number of CUDA
 graph replays (one per decode step under graphs). The signals only set events; a thread of
 its own starts and stops the profiler, which records the device's kernels whichever thread
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 GRAPH_LAUNCH = "cudaGraphLaunch"
+WARM_S = 1.0  # seconds of tracing before each recorded window
 
 
 def window_table(prof, seconds: float) -> dict:
@@ -48,17 +50,25 @@ class Profiler:
     def run(self) -> None:
         import torch
 
-        # The device's kernels and the CUDA runtime calls (graph launches) only: recording the
-        # host's torch ops too, in every thread of a busy server, slowed the engine 2x at C1
-        # and 30x at C32 on the H200 (W07), which made the windows measure the profiler.
+        # The device's kernels and the CUDA runtime calls (graph launches) are all the table
+        # needs; the host's torch ops, in every thread of a busy server, are left out.
         cuda = torch.cuda.is_available()
         activities = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
+        tables: list[dict] = []
         while True:
             self.start.wait()
             self.start.clear()
             self.stop.clear()
-            prof = torch.profiler.profile(activities=activities)
+            # A warm-up phase first (tracing on, records dropped), then the recorded window.
+            # On the H200 the server ran 2x (C1) to 30x (C32) slower in windows that began
+            # when tracing did (W07), whether or not host ops were recorded; the warm-up is
+            # meant to take whatever the start of tracing costs out of the window.
+            prof = torch.profiler.profile(activities=activities,
+                                          schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
+                                          on_trace_ready=lambda p: tables.append(window_table(p, seconds)))
             prof.start()
+            time.sleep(WARM_S)
+            prof.step()
             t0 = time.perf_counter()
             (self.out / f"started-{self.windows}").touch()  # the driver times its window from here
             self.stop.wait()
@@ -67,8 +77,10 @@ class Profiler:
             # air24 TP=2 server down at C8 on the H200, W07). Kernels still running at the
             # stop are left out of the window.
             seconds = time.perf_counter() - t0
+            prof.step()  # the window ends: its records become the table
             prof.stop()
-            record = {"pid": os.getpid(), "rank": int(os.environ.get("RANK", "0")), **window_table(prof, seconds)}
+            record = {"pid": os.getpid(), "rank": int(os.environ.get("RANK", "0")), "warm_s": WARM_S,
+                      **tables.pop()}
             path = self.out / f"window-{self.windows}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1) + "\n")
