@@ -194,3 +194,22 @@ def test_compile_level_compiles_every_layer(patched_engine, tiny_model):
     assert len({tuple(r) for r in on["eager"]}) == 2  # two prompts, two different replies
     off = compile_job(patched_engine, tiny_model)
     assert "recompile_limit" in off["limit_hits"] and off["compiled"] == off["eager"] == on["eager"]
+
+
+def test_a_compiled_server_warms_up_before_its_first_batch(patched_engine, tiny_model, server_on, tmp_path):
+    """0260 under `transformers serve`, which never warms up: with the knob on, the batching
+    thread compiles (and, with graphs, captures) its shapes before the first batch, and the
+    compiled server's greedy replies equal the uncompiled one's."""
+    from patchbay import exact
+
+    from .conftest import ALL_ON, Server
+
+    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_COMPILE_LEVEL": "1"}, tmp_path / "run")
+    try:
+        log = server.files.log.read_text()
+        assert "the batch shapes were compiled before the first batch" in log, log[-2000:]
+        assert "hit config.recompile_limit" not in log
+        rows = exact.check_servers(server_on.url, server.url, server_on.model, max_tokens=24)
+        assert len(rows) == 8 and all(r["equal"] for r in rows), rows
+    finally:
+        server.stop()
