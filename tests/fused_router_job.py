@@ -9,22 +9,29 @@ assert os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("PB_FUSED_RO
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Glm4MoeConfig  # noqa: E402
-from transformers._pb import fused_router  # noqa: E402
+from transformers._pb import fused_router, knobs  # noqa: E402
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter  # noqa: E402
+
+report = {"rows": []}
+# The knob decides at model load: off, the router class keeps its forward; on, it takes the fused one.
+knobs.load({})
+fused_router.at_load()
+report["off_keeps_upstream"] = Glm4MoeTopkRouter.forward is not fused_router.forward
+knobs.load()
+fused_router.at_load()
+report["on_installs"] = Glm4MoeTopkRouter.forward is fused_router.forward
 
 
 def upstream(fn):
-    """Run fn with the knob read as off: upstream's router path."""
-    on = fused_router.on
-    fused_router.on = lambda: False
+    """Run fn with the router's own forward: upstream's path."""
+    fused_router.restore()
     try:
         return fn()
     finally:
-        fused_router.on = on
+        fused_router.at_load()
 
 
 torch.manual_seed(0)
-report = {"rows": []}
 # tokens, experts, top_k, groups, groups kept, norm, scale: GLM-4.5-Air's shape, the tiny
 # model's, experts not a power of two, groups that keep every expert, one token, no rows
 for tokens, experts, top_k, groups, kept, norm, scale in [
@@ -39,7 +46,7 @@ for tokens, experts, top_k, groups, kept, norm, scale in [
     x = torch.randn(tokens, 64)
     with torch.no_grad():
         logits, ref_w, ref_i = upstream(lambda: router(x))
-        fits = fused_router.fits(router, logits)
+        fits = fused_router.fits(router, x)
         got_logits, w, i = router(x)
     same_experts = all(sorted(a) == sorted(b) for a, b in zip(ref_i.tolist(), i.tolist()))
     # weights compared expert by expert (the two orders differ)
@@ -60,7 +67,7 @@ with torch.no_grad():
     x = torch.randn(7, 64)
     ref = upstream(lambda: router(x))
     out = router(x)
-report["dropping_groups"] = {"fits": fused_router.fits(router, ref[0]),
+report["dropping_groups"] = {"fits": fused_router.fits(router, x),
                              "equal": all(torch.equal(a, b) for a, b in zip(ref, out))}
 
 # The tiny model: greedy replies with the knob on equal upstream's.

@@ -28,6 +28,10 @@ def report(patched_engine, tiny_model):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def test_the_knob_replaces_the_routers_forward_at_load_only_when_on(report):
+    assert report["off_keeps_upstream"] and report["on_installs"]
+
+
 def test_the_kernel_picks_upstreams_experts_with_their_weights(report):
     for row in report["rows"]:
         assert row["fits"], row

@@ -74,6 +74,12 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     chosen = fused_moe.model_kwargs({}).get("experts_implementation") if fused_moe else None
     if chosen:
         model.set_experts_implementation(chosen)
+    try:  # 0280 replaces the router's forward at load when its knob is on
+        from transformers._pb import fused_router
+    except ImportError:
+        fused_router = None
+    if fused_router:
+        fused_router.at_load()
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)

@@ -84,6 +84,9 @@ class Knobs:
             self.saved[key] = os.environ.get(key)
             os.environ[key] = value
         self.reload(check=True)
+        router = self._fused_router()
+        if router:  # 0280 decides at model load: apply it as a load would, undo it on exit
+            router.at_load()
 
     def __exit__(self, *exc):
         for key, value in self.saved.items():
@@ -92,6 +95,17 @@ class Knobs:
             else:
                 os.environ[key] = value
         self.reload(check=False)
+        router = self._fused_router()
+        if router:
+            router.restore()
+
+    @staticmethod
+    def _fused_router():
+        try:
+            from transformers._pb import fused_router
+        except ImportError:  # the pristine engine, or a build before 0280
+            return None
+        return fused_router
 
     def reload(self, check: bool) -> None:
         """The knob runtime reads the environment once: read it again, and check that every knob
