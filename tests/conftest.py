@@ -77,6 +77,21 @@ def tiny_model() -> str:
     return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
 
 
+def engine_job(script: str, engine: build.Engine, *args: str, timeout: float = 600, **env: str) -> dict:
+    """Run tests/`script` in a fresh interpreter with `engine` first on the path and no PB_*
+    variables but those in `env`; returns the JSON object its last line prints."""
+    import json
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    environ.update(PYTHONPATH=str(engine.site), **env)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args], env=environ,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def engine_module(engine: build.Engine, name: str):
     """A module of the engine's `transformers/_pb/`, loaded as a package of its own (for the
     modules that need nothing else of transformers: parsers, schema checks, grammar masks)."""

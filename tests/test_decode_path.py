@@ -7,28 +7,20 @@ Their effect needs CUDA graphs (W04, W05 on an H200); here the rules are checked
 are called through upstream's own functions in a fresh interpreter, with the knobs on and off.
 """
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from .conftest import engine_module
+from .conftest import engine_job, engine_module
 
 pytestmark = pytest.mark.engine
 
 
 def run_job(engine, model, replies: bool = False, **knobs) -> dict:
     """The job's checks; with `replies`, also the tiny model's greedy replies through batching."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
-    env.update(PYTHONPATH=str(engine.site), **knobs)
-    job = Path(__file__).with_name("decode_path_job.py")
-    proc = subprocess.run([sys.executable, str(job), model, *(["--replies"] if replies else [])], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return engine_job("decode_path_job.py", engine, model, *(["--replies"] if replies else []), timeout=300, **knobs)
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +169,7 @@ def test_a_lone_fresh_prompt_runs_causal_and_replies_as_with_the_mask(off, causa
 
 
 def compile_job(engine, model, **knobs) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
-    env.update(PYTHONPATH=str(engine.site), **knobs)
-    job = Path(__file__).with_name("compile_job.py")
-    proc = subprocess.run([sys.executable, str(job), model], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return engine_job("compile_job.py", engine, model, **knobs)
 
 
 def test_compile_level_compiles_every_layer(patched_engine, tiny_model):

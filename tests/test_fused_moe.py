@@ -6,26 +6,16 @@ on odd shapes, an expert nobody chose, a masked pair, more pairs per expert than
 and the whole tiny model (greedy ids equal, teacher-forced |Δ logprob| at float rounding).
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from .conftest import engine_job
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def report(patched_engine, tiny_model):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(patched_engine.site)}
-    env = {k: v for k, v in env.items() if not k.startswith("PB_")}
-    job = Path(__file__).with_name("fused_moe_job.py")
-    proc = subprocess.run([sys.executable, str(job), tiny_model], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return engine_job("fused_moe_job.py", patched_engine, tiny_model, TRITON_INTERPRET="1")
 
 
 def test_kernels_match_eager_experts(report):

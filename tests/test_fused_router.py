@@ -6,26 +6,16 @@ expert, one token and no tokens; a group step that drops experts stays upstream'
 tiny model's greedy reply with the knob on.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from .conftest import engine_job
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def report(patched_engine, tiny_model):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
-    env.update(TRITON_INTERPRET="1", PB_FUSED_ROUTER="1", PYTHONPATH=str(patched_engine.site))
-    job = Path(__file__).with_name("fused_router_job.py")
-    proc = subprocess.run([sys.executable, str(job), tiny_model], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return engine_job("fused_router_job.py", patched_engine, tiny_model, TRITON_INTERPRET="1", PB_FUSED_ROUTER="1")
 
 
 def test_the_knob_replaces_the_routers_forward_at_load_only_when_on(report):
