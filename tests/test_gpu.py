@@ -105,25 +105,19 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
 
 
 @pytest.mark.engine
-def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_model, tmp_path):
+def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_model, tmp_path, monkeypatch):
     """The GPU runner's own launch of TP ranks (for the two-GPU machine, where patchbay cannot
     build), here as two gloo ranks on the CPU: rank 0 answers, both stop."""
-    import os
-
     import httpx
 
     from .conftest import free_port
 
     port = free_port()
-    env_before = dict(os.environ)
-    os.environ["PYTHONPATH"] = str(patched_engine.site)
-    try:
+    with monkeypatch.context() as env:  # the engine first on the servers' path
+        env.setenv("PYTHONPATH", str(patched_engine.site))
         procs = gpu.start_ranks(tiny_model, 2, port, {"PB_FINGERPRINT": "1"}, tmp_path, device="cpu",
                                 engine_args="--cb-num-blocks 32 --cb-max-batch-tokens 256",
                                 rdzv_port=free_port(), ready_timeout=300)
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     try:
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
                        json={"model": tiny_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -136,27 +130,21 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
 
 
 @pytest.mark.engine
-def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path):
+def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path, monkeypatch):
     """Issue 6's A/B shape, on the CPU: one checkpoint served as 1 rank (A) and as 2 ranks (B),
     side by side, passes alternating; TP=2 gives TP=1's greedy replies, and the reference texts
     forced through both (--score) give TP=1's logprobs at float rounding."""
-    import os
-
     from .conftest import free_port
 
-    env_before = dict(os.environ)
-    os.environ["PYTHONPATH"] = str(patched_engine.site)
     port = free_port()
-    try:
+    with monkeypatch.context() as env:  # the engine first on the servers' path
+        env.setenv("PYTHONPATH", str(patched_engine.site))
         knobs = {"PB_FINGERPRINT": "1", "PB_FORCED_DECODING": "1", "PB_TOKENIZE": "1"}
         code = gpu.side_by_side(False, port, [knobs, knobs], 32, tmp_path / "logs",
                                 ["--suites", "count", "--max-tokens", "6", "--reps", "1", "--warmup", "0",
                                  "--concurrency", "1,2", "--window", "tp", "--results-dir", str(tmp_path / "r"),
                                  "--quiet"], model_dir=tiny_model, tps=(1, 2), device="cpu",
                                 score=tmp_path / "score")
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     assert code == 0
     window = next((tmp_path / "r").iterdir())
     cfg = json.loads((window / "config.json").read_text())
@@ -173,24 +161,18 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     assert len(greedy) == 8 and all(row["equal"] for row in greedy)  # float32 on the CPU: the same replies
 
 
-def test_checkpoint_ab_serves_one_tp2_server_with_the_production_knobs(patched_engine, tiny_model, tmp_path):
+def test_checkpoint_ab_serves_one_tp2_server_with_the_production_knobs(patched_engine, tiny_model, tmp_path, monkeypatch):
     """A model only TP=2 holds gets one server of two ranks with config/prod.env.example's knobs;
     `--b-url` to itself reads that server's speed A against A."""
-    import os
-
     from .conftest import free_port
 
-    env_before = dict(os.environ)
-    os.environ["PYTHONPATH"] = str(patched_engine.site)
     port = free_port()
-    try:
+    with monkeypatch.context() as env:  # the engine first on the servers' path
+        env.setenv("PYTHONPATH", str(patched_engine.site))
         code = gpu.checkpoint_ab(tiny_model, 2, port, False, 32, tmp_path / "logs",
                                  ["--b-url", f"http://127.0.0.1:{port}", "--suites", "count", "--max-tokens", "6",
                                   "--reps", "1", "--warmup", "0", "--concurrency", "1", "--window", "aa",
                                   "--results-dir", str(tmp_path / "r"), "--quiet"], device="cpu")
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     assert code == 0
     window = next((tmp_path / "r").iterdir())
     assert json.loads((window / "summary.json").read_text())["errors"] == 0
@@ -242,22 +224,16 @@ def test_a_profiled_cold_prompt_gets_a_row_in_the_step_table():
 
 
 @pytest.mark.engine
-def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_model, tmp_path):
+def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_model, tmp_path, monkeypatch):
     """Issue 6's all-reduce share, on the CPU: two TP ranks serve under patchbay.served_profile;
     at each level the streams run while both ranks are profiled (SIGUSR1 .. SIGUSR2), and each
     rank writes its window (on a CPU there are no CUDA graphs, so no step table)."""
-    import os
-
     from .conftest import free_port
 
-    env_before = dict(os.environ)
-    os.environ["PYTHONPATH"] = str(patched_engine.site)
-    try:
+    with monkeypatch.context() as env:  # the engine first on the servers' path
+        env.setenv("PYTHONPATH", str(patched_engine.site))
         code = gpu.served_profile_job(tmp_path / "p", [1, 2], 48, 0.3, {"PB_FINGERPRINT": "1"}, False, 32,
                                       tiny_model, 2, free_port(), device="cpu")
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     assert code == 0
     record = json.loads((tmp_path / "p" / "served-profile.json").read_text())
     rows = record["rows"]

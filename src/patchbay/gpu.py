@@ -600,10 +600,13 @@ def main(argv: list[str]) -> int:
     if args.verb == "served-profile":
         if args.tp != 1 and not args.model_dir:
             raise SystemExit("--tp needs --model-dir: tensor-parallel ranks load a checkpoint")
+        from .cli import Fail
+        from .measure_cli import _int_list
+
         try:
-            levels = [int(v) for v in args.levels.split(",") if v.strip()]
-        except ValueError:
-            raise SystemExit(f"--levels {args.levels!r}: expected integers like 1,8,32") from None
+            levels = _int_list(args.levels, "--levels")  # as `patchbay ab --concurrency` reads its levels
+        except Fail as e:
+            raise SystemExit(str(e)) from None
         return served_profile_job(Path(args.out), levels, args.tokens, args.window_s, parse_env(args.env, "--env"),
                                   args.cuda_graphs, args.num_blocks, args.model_dir, args.tp, args.port)
     if args.verb == "agent":
