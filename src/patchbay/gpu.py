@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import ROOT
+from . import ROOT, load_hooks
 
 AIR12 = "synthetic:air12"
 # What the device image lacks for `transformers serve` (its torch, numpy, tokenizers, safetensors,
@@ -31,7 +31,9 @@ CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic
            "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1", "opentelemetry-api==1.45.2",
            "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5",
            # structured output (0130); the device's own triton serves xgrammar
-           "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2"]
+           "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2",
+           # the GPU-marked kernel tests (tests/test_kernels_gpu.py)
+           "pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1", "pygments==2.21.0"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 
@@ -74,12 +76,7 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     chosen = fused_moe.model_kwargs({}).get("experts_implementation") if fused_moe else None
     if chosen:
         model.set_experts_implementation(chosen)
-    try:  # 0280 replaces the router's forward at load when its knob is on
-        from transformers._pb import fused_router
-    except ImportError:
-        fused_router = None
-    if fused_router:
-        fused_router.at_load()
+    load_hooks.apply(model)  # 0280-0310 replace modeling forwards or fuse weights when their knobs are on
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)

@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import load_hooks
+
 DEFAULT_SETTINGS = {
     "graphs": {"use_cuda_graph": True},
     "graphs-batched": {"use_cuda_graph": True, "experts": "batched_mm"},
@@ -76,17 +78,15 @@ def parse_setting(text: str) -> tuple[str, dict]:
 class Knobs:
     """PB_* variables set for the life of one manager (read by the engine's patches at use)."""
 
-    def __init__(self, knobs: dict):
-        self.knobs, self.saved = {k: str(v) for k, v in knobs.items()}, {}
+    def __init__(self, knobs: dict, model=None):
+        self.knobs, self.saved, self.model = {k: str(v) for k, v in knobs.items()}, {}, model
 
     def __enter__(self):
         for key, value in self.knobs.items():
             self.saved[key] = os.environ.get(key)
             os.environ[key] = value
         self.reload(check=True)
-        router = self._fused_router()
-        if router:  # 0280 decides at model load: apply it as a load would, undo it on exit
-            router.at_load()
+        load_hooks.apply(self.model)  # patches that decide at model load: apply them as a load would, undo on exit
 
     def __exit__(self, *exc):
         for key, value in self.saved.items():
@@ -95,17 +95,7 @@ class Knobs:
             else:
                 os.environ[key] = value
         self.reload(check=False)
-        router = self._fused_router()
-        if router:
-            router.restore()
-
-    @staticmethod
-    def _fused_router():
-        try:
-            from transformers._pb import fused_router
-        except ImportError:  # the pristine engine, or a build before 0280
-            return None
-        return fused_router
+        load_hooks.restore()
 
     def reload(self, check: bool) -> None:
         """The knob runtime reads the environment once: read it again, and check that every knob
@@ -173,6 +163,15 @@ def run_prefill(manager, vocab: int, length: int, reps: int, salt: int = 0) -> d
             warmup = time.perf_counter() - t0
     return {"prefill_tokens": length, "ttft_s": sorted(times)[len(times) // 2] if times else None,
             "ttft_all_s": times, "warmup_s": warmup}
+
+
+def _causal_steps() -> dict:
+    """0270's count of the steps it marked causal, or the condition that kept each one masked."""
+    try:
+        from transformers._pb import causal_prefill
+    except ImportError:
+        return {}
+    return dict(getattr(causal_prefill, "STEPS", {}))
 
 
 def profiled_steps(run, steps: int, wall_ms) -> dict:
@@ -414,7 +413,7 @@ def main(argv: list[str]) -> int:
             fused_moe.register()
         model.set_experts_implementation(experts)
         gen = GenerationConfig(do_sample=False, max_new_tokens=args.tokens, eos_token_id=-1, pad_token_id=0)
-        with Knobs(knobs):
+        with Knobs(knobs, model):
             try:
                 manager = model.init_continuous_batching(generation_config=gen,
                                                          continuous_batching_config=ContinuousBatchingConfig(**setting))
@@ -427,7 +426,11 @@ def main(argv: list[str]) -> int:
                 if args.prefill:
                     row = {"setting": name}
                     try:
+                        before = _causal_steps()
                         row.update(run_prefill(manager, config.vocab_size, args.prefill, 2))
+                        after = _causal_steps()
+                        if after:  # 0270 on: how the prompts' steps were marked
+                            row["causal_prefill_steps"] = {k: v - before.get(k, 0) for k, v in after.items()}
                         if cuda:
                             row["profile"] = profile_prefill(manager, config.vocab_size, args.prefill)
                     except Exception as e:

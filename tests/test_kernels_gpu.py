@@ -1,0 +1,136 @@
+"""The Triton kernels of 0280 (router), 0290 (rotary) and 0300 (RMSNorm), and 0310's fused
+projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
+shapes: one token (C1 decode), 32 tokens (C32 decode) and an 8K-token prefill, in bfloat16 as
+served; and each inside a CUDA graph, as the batching engine replays them. Runs on the device (`scripts/gpu-run.sh patched python3 -m
+pytest -m gpu tests/test_kernels_gpu.py`), never in CI; its outcomes land in a results window.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+TOKENS = (1, 32, 8192)
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, ROTARY = 4096, 96, 8, 128, 64  # GLM-4.5-Air's attention
+
+
+def modeling():
+    from transformers.models.glm4_moe import modeling_glm4_moe
+
+    return modeling_glm4_moe
+
+
+def rope_inputs(tokens: int):
+    proj = torch.randn(1, tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device="cuda").bfloat16() * 3
+    q = proj[..., : HEADS * HEAD_DIM].view(1, tokens, HEADS, HEAD_DIM).transpose(1, 2)
+    k = proj[..., HEADS * HEAD_DIM: (HEADS + KV_HEADS) * HEAD_DIM].view(1, tokens, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    pos = torch.arange(tokens, device="cuda")[None].float() + 100
+    freqs = pos[..., None] / 1_000_000 ** (torch.arange(0, ROTARY, 2, device="cuda").float() / ROTARY)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return q, k, emb.cos().bfloat16(), emb.sin().bfloat16()
+
+
+def in_graph(fn):
+    """fn's outputs when captured in a CUDA graph and replayed (after a warm-up run)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_rotary_gives_upstreams_bits(tokens):
+    from transformers._pb import fused_rope
+
+    torch.manual_seed(tokens)
+    q, k, cos, sin = rope_inputs(tokens)
+    # the knob is off here: the module's function is upstream's, and the fused one's fallback
+    upstream = fused_rope.UPSTREAM = fused_rope.UPSTREAM or modeling().apply_rotary_pos_emb
+    ref = upstream(q, k, cos, sin)
+    assert fused_rope.fits(q, k, cos, sin, 1)
+    for got in (fused_rope.apply_rotary_pos_emb(q, k, cos, sin),
+                in_graph(lambda: fused_rope.apply_rotary_pos_emb(q, k, cos, sin))):
+        for a, b in zip(ref, got):
+            assert torch.equal(a, b) and a.stride() == b.stride()
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_rms_norm_stays_within_a_rounding_of_upstreams(tokens):
+    from transformers._pb import fused_norm
+
+    Norm = modeling().Glm4MoeRMSNorm
+    upstream = fused_norm.UPSTREAM_FORWARD = fused_norm.UPSTREAM_FORWARD or Norm.forward
+    torch.manual_seed(tokens)
+    norm = Norm(HIDDEN, eps=1e-5).cuda().bfloat16()
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.2)
+        x = torch.randn(1, tokens, HIDDEN, device="cuda").bfloat16() * 3
+        ref = upstream(norm, x)
+        assert fused_norm.fits(norm, x)
+        for got in (fused_norm.forward(norm, x), in_graph(lambda: fused_norm.forward(norm, x))):
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            differing = (got != ref).float().mean().item()
+            rel = ((got.float() - ref.float()).abs() / ref.float().abs().clamp_min(1e-3)).max().item()
+            # a normalised value one bf16 step off, then the weight's own rounding: at most two steps
+            assert differing <= 0.01 and rel <= 2 ** -6, (differing, rel)
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_router_picks_upstreams_experts(tokens):
+    from transformers import Glm4MoeConfig
+    from transformers._pb import fused_router
+
+    config = Glm4MoeConfig(hidden_size=HIDDEN, n_routed_experts=128, num_experts_per_tok=8, n_group=1,
+                           topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
+    router = modeling().Glm4MoeTopkRouter(config).cuda()
+    torch.manual_seed(tokens)
+    with torch.no_grad():
+        router.weight.normal_(0, 0.02)
+        router.e_score_correction_bias.normal_(0, 0.01)
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        logits, ref_w, ref_i = (fused_router.UPSTREAM_FORWARD or type(router).forward)(router, x)
+        assert fused_router.fits(router, x)
+        for w, i in (fused_router.select(router, logits), in_graph(lambda: fused_router.select(router, logits))):
+            assert torch.equal(ref_i.sort(dim=1).values, i.sort(dim=1).values)
+            ref_by_expert = torch.zeros(tokens, 128, device="cuda").scatter(1, ref_i, ref_w)
+            got_by_expert = torch.zeros(tokens, 128, device="cuda").scatter(1, i, w)
+            assert (ref_by_expert - got_by_expert).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_fused_projections_stay_within_a_rounding_of_the_separate_ones(tokens):
+    """0310: one GEMM for q/k/v (with biases) and one for gate/up give the separate GEMMs'
+    outputs up to the last bits of the sums (cuBLAS may split the wider sum otherwise)."""
+    from torch import nn
+
+    from transformers._pb import fused_proj
+
+    torch.manual_seed(tokens)
+    attn, mlp = nn.Module(), nn.Module()
+    attn.q_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=True)
+    attn.k_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=True)
+    attn.v_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=True)
+    mlp.gate_proj, mlp.up_proj = nn.Linear(HIDDEN, 1408, bias=False), nn.Linear(HIDDEN, 1408, bias=False)
+    mlp.down_proj, mlp.act_fn = nn.Linear(1408, HIDDEN, bias=False), nn.SiLU()
+    attn.cuda().bfloat16(), mlp.cuda().bfloat16()
+    x = torch.randn(1, tokens, HIDDEN, device="cuda").bfloat16()
+    shape = (1, tokens, -1, HEAD_DIM)
+    with torch.no_grad():
+        ref = [*fused_proj.qkv(attn, x, shape), fused_proj.mlp(mlp, x)]  # nothing fused yet: upstream's calls
+        assert fused_proj._fuse(attn, fused_proj.QKV, "pb_qkv") and fused_proj._fuse(mlp, fused_proj.GATE_UP,
+                                                                                     "pb_gate_up")
+        for got in ([*fused_proj.qkv(attn, x, shape), fused_proj.mlp(mlp, x)],
+                    in_graph(lambda: [*fused_proj.qkv(attn, x, shape), fused_proj.mlp(mlp, x)])):
+            for a, b in zip(ref, got):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                scale = a.float().abs().max().item()
+                assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * scale, (tokens, a.shape)
