@@ -166,6 +166,15 @@ def test_a_lone_fresh_prompt_runs_causal_and_replies_as_with_the_mask(off, causa
         assert len(prefill) == b["layers"] and all(c["causal"] and not c["mask"] for c in prefill), calls
     assert b["together_calls"] and all(c["mask"] and not c["causal"] for c in b["together_calls"])
     assert all(c["mask"] and not c["causal"] for calls in a["alone_calls"] for c in calls)
+    # while a graph is captured the model builds a mask of its own; the causal step drops it
+    assert a["capturing"] == b["capturing"] == a["alone"][0]
+    prefill = [c for c in b["capturing_calls"] if c["q"] == c["k"]]
+    assert len(prefill) == b["layers"] and all(c["causal"] and not c["mask"] for c in prefill), prefill
+    assert all(c["mask"] and not c["causal"] for c in a["capturing_calls"])
+    # 0270 counts what it marked: the four lone prompts causal, the shared step and the decode
+    # steps not, each under the first condition that failed; nothing with the knob off
+    assert a["steps"] == {} and b["steps"]["causal"] == 4, b["steps"]
+    assert set(b["steps"]) <= {"causal", "not: one sequence", "not: nothing cached", "not: more than one query token"}
 
 
 def compile_job(engine, model, **knobs) -> dict:
@@ -185,8 +194,8 @@ def test_compile_level_compiles_every_layer(patched_engine, tiny_model):
 
 def test_a_compiled_server_warms_up_before_its_first_batch(patched_engine, tiny_model, server_on, tmp_path):
     """0260 under `transformers serve`, which never warms up: with the knob on, the batching
-    thread compiles (and, with graphs, captures) its shapes before the first batch, and the
-    compiled server's greedy replies equal the uncompiled one's."""
+    thread runs upstream's warm-up (compile and, with graphs, capture) before the first batch,
+    and the compiled server's greedy replies equal the uncompiled one's."""
     from patchbay import exact
 
     from .conftest import ALL_ON, Server
@@ -194,7 +203,7 @@ def test_a_compiled_server_warms_up_before_its_first_batch(patched_engine, tiny_
     server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_COMPILE_LEVEL": "1"}, tmp_path / "run")
     try:
         log = server.files.log.read_text()
-        assert "the batch shapes were compiled before the first batch" in log, log[-2000:]
+        assert "upstream's warm-up ran before the first batch" in log, log[-2000:]
         assert "hit config.recompile_limit" not in log
         rows = exact.check_servers(server_on.url, server.url, server_on.model, max_tokens=24)
         assert len(rows) == 8 and all(r["equal"] for r in rows), rows
