@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-# engine modules (transformers._pb.NAME) with at_load() and restore(), in the loader's order
+# engine modules (transformers._pb.NAME) with at_load() and/or after_load(model), and restore(), in the
+# loader's order
 HOOKS = ("fused_router", "fused_rope", "fused_norm", "fused_proj")
 
 
