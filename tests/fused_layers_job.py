@@ -42,9 +42,11 @@ def rope_inputs(dtype, batch, seq, heads, kv_heads, dim, rotary, cos_batch=None)
 torch.manual_seed(0)
 report["rope"] = []
 # batch, seq, heads, kv heads, head_dim, rotary_dim: GLM-4.5-Air's decode (96 / 8 heads, half rotary),
-# a prefill, batch 2 with cos shared across the batch, full rotary, a tiny head
+# a prefill, batch 2 with cos shared across the batch, full rotary, a tiny head; then steps long enough
+# for blocks of tokens a program (one not a multiple of the block; batch 2, a block spanning both)
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
-    for shape in [(1, 1, 96, 8, 128, 64), (1, 9, 4, 2, 128, 64), (2, 3, 4, 1, 64, 64), (1, 5, 3, 3, 16, 8)]:
+    for shape in [(1, 1, 96, 8, 128, 64), (1, 9, 4, 2, 128, 64), (2, 3, 4, 1, 64, 64), (1, 5, 3, 3, 16, 8),
+                  (1, 37, 4, 2, 128, 64), (2, 20, 3, 1, 64, 32)]:
         q, k, cos, sin = rope_inputs(dtype, *shape, cos_batch=1 if shape[0] == 2 else None)
         ref = upstream_rope(q, k, cos, sin)
         got = fused_rope.apply_rotary_pos_emb(q, k, cos, sin)

@@ -27,7 +27,7 @@ def test_the_knobs_replace_the_modeling_functions_at_load_only_when_on(report):
 
 
 def test_the_rotation_gives_upstreams_bits_and_strides(report):
-    assert len(report["rope"]) == 12
+    assert len(report["rope"]) == 18
     for row in report["rope"]:
         assert row["fits"] and row["changed"], row
         assert row["equal"] and row["strides"], row
