@@ -1,5 +1,5 @@
-"""The Triton kernels of 0280 (router), 0290 (rotary) and 0300 (RMSNorm), and 0310's fused
-projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
+"""The Triton kernels of 0280 (router), 0290 (rotary), 0300 (RMSNorm), 0320 and 0330 (the grouped_mm
+experts' combine and gate), and 0310's fused projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
 shapes: one token (C1 decode), 32 tokens (C32 decode) and an 8K-token prefill, in bfloat16 as
 served; and each inside a CUDA graph, as the batching engine replays them. Runs on the device (`scripts/gpu-run.sh patched python3 -m
 pytest -m gpu tests/test_kernels_gpu.py`), never in CI; its outcomes land in a results window.
@@ -134,3 +134,67 @@ def test_fused_projections_stay_within_a_rounding_of_the_separate_ones(tokens):
                 assert a.shape == b.shape and a.dtype == b.dtype
                 scale = a.float().abs().max().item()
                 assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * scale, (tokens, a.shape)
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_moe_combine_and_gate_give_the_grouped_mm_forwards_bits(tokens):
+    """0320 and 0330: the grouped_mm experts forward of GLM-4.5-Air's shape with the combine kernel,
+    the gate kernel and both gives the bits of upstream's own forward (routing weights in float32,
+    as the router gives them, and in bf16)."""
+    from transformers import Glm4MoeConfig
+    from transformers._pb import moe_combine, moe_gate
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    config = Glm4MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=1408, n_routed_experts=128,
+                           num_experts_per_tok=8)
+    torch.manual_seed(tokens)
+    experts = modeling().Glm4MoeExperts(config).cuda().bfloat16()
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.02)
+        experts.down_proj.normal_(0, 0.02)
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        index = torch.rand(tokens, 128, device="cuda").topk(8, dim=1).indices
+        for weights in (torch.rand(tokens, 8, device="cuda"), torch.rand(tokens, 8, device="cuda").bfloat16()):
+            for kernels in ((moe_combine,), (moe_gate,), (moe_combine, moe_gate)):
+                moe_combine.restore(), moe_gate.restore()
+                ref = grouped_mm_experts_forward(experts, x, index, weights)
+                for module in kernels:
+                    module.ENABLED = module.TRITON = True
+                try:
+                    assert moe_combine.fits(x, weights, 8, x.dtype)
+                    got = grouped_mm_experts_forward(experts, x, index, weights)
+                    graphed = in_graph(lambda: grouped_mm_experts_forward(experts, x, index, weights))
+                finally:
+                    moe_combine.restore(), moe_gate.restore()
+                for out in (got, graphed):
+                    assert out.dtype == ref.dtype and out.shape == ref.shape
+                    assert torch.equal(out, ref), ([m.__name__ for m in kernels], weights.dtype,
+                                                   (out != ref).float().mean().item())
+
+
+def test_moe_gate_gives_upstreams_bits_over_the_whole_bf16_range():
+    """0330 alone: silu(gate) * up for every finite bf16 gate value against torch's kernels."""
+    from transformers._pb import moe_gate
+    from transformers.integrations.moe import _default_apply_gate
+
+    class Experts(torch.nn.Module):
+        _apply_gate = _default_apply_gate
+
+        def __init__(self):
+            super().__init__()
+            self.act_fn = torch.nn.SiLU()
+
+    experts = Experts()
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    gate = every[torch.isfinite(every)]
+    gate = gate[: gate.numel() // 256 * 256].view(-1, 256)
+    up = torch.randn(gate.shape, device="cuda").bfloat16()
+    x = torch.cat([gate, up], dim=1)  # rows of [gate | up], as the grouped GEMM writes them
+    ref = experts._apply_gate(x)
+    moe_gate.ENABLED = moe_gate.TRITON = True
+    try:
+        assert moe_gate.fits(experts, x)
+        got = moe_gate.apply_gate(experts, x)
+    finally:
+        moe_gate.restore()
+    assert torch.equal(got, ref), (got != ref).float().mean().item()
