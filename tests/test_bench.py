@@ -123,11 +123,23 @@ def test_request_body_is_streamed_greedy_and_carries_only_its_arms_knobs():
     assert bench.request_body(plan(max_tokens=7), tool, "A")["max_tokens"] == 7
 
 
+def test_cold_requests_each_start_with_a_line_of_their_own():
+    prose = next(p for p in prompts.PROMPTS if p.system)  # the first message is the system prompt
+    warm = [bench.request_body(plan(), prose, "A")["messages"] for _ in range(2)]
+    cold = [bench.request_body(plan(cold=True), prose, arm)["messages"] for arm in "AAB"]
+    assert warm[0] == warm[1] == prose.messages()
+    firsts = [m[0]["content"] for m in cold]
+    assert len(set(firsts)) == 3 and all(f.endswith("\n\n" + prose.system) for f in firsts)
+    assert all(m[1:] == prose.messages()[1:] for m in cold)  # only the first message changes
+
+
 # ---- prompts --------------------------------------------------------------------------------
 
 
 def test_every_suite_ships_and_has_its_shape():
-    assert set(prompts.SUITES) == {"code", "json", "sql", "prose", "edit", "tool", "count", "long"}
+    assert set(prompts.SUITES) == {"code", "json", "sql", "prose", "edit", "tool", "count", "long", "prefill"}
+    assert "prefill" not in {p.suite for p in prompts.select()}  # the 8K-token prompt runs only when named
+    assert prompts.select(["prefill"])[0].words() > 8000
     assert len({p.id for p in prompts.PROMPTS}) == len(prompts.PROMPTS)
     edit = prompts.select(["edit"])[0]
     assert 55 <= len(edit.body.splitlines()) <= 70 and edit.body in edit.messages()[-1]["content"]
@@ -250,7 +262,7 @@ def test_ab_same_bits_knob_through_the_cli(server_on, tmp_path):
     assert config["build"].startswith("pb-") and config["levels"] == [1, 2]
     assert json.loads((window / "machine.json").read_text())["cpus"] >= 1
 
-    n = len(prompts.PROMPTS)
+    n = len(prompts.select())  # the default suites
     raw = windows.read_raw(window)
     assert len(raw) == n * 2 * (2 + 1) * 2  # prompts x arms x (reps + warmup) x levels
     assert not [r for r in raw if r["error"]]

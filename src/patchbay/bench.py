@@ -11,10 +11,12 @@ request is streamed and greedy; its timings and a hash of its reply are recorded
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -47,6 +49,7 @@ class Plan:
     time_limit: float = 3600.0  # whole run: no new pass starts after this many seconds
     suites: list = field(default_factory=list)
     b_url: str | None = None  # arm B served by another server (same model), else by `url`
+    cold: bool = False  # every request's first message starts with its own line: no cached prefix
 
     def url_of(self, arm: str) -> str:
         return self.b_url if arm == "B" and self.b_url else self.url
@@ -85,8 +88,16 @@ def arms_from_json(a_json: str, b_json: str) -> dict:
     return arms
 
 
+COLD_REQUESTS = itertools.count()
+
+
 def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = None) -> dict:
-    body = {"model": plan.model, "messages": prompt.messages(), "stream": True, "temperature": 0,
+    messages = prompt.messages()
+    if plan.cold:  # a line of its own first, so no page of the prompt matches one the server cached
+        first = messages[0]
+        messages[0] = {**first, "content": f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n"
+                                           f"{first['content']}"}
+    body = {"model": plan.model, "messages": messages, "stream": True, "temperature": 0,
             "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
     if prompt.tools:
         body["tools"] = prompt.tools
@@ -342,7 +353,7 @@ def execute(plan: Plan, server: dict, window=None, command: str = "", progress=N
 
     config = {"url": plan.url, "model": plan.model, "build": server["build"], "knobs_hash": server.get("knobs_hash"),
               "arms": plan.arms, "suites": plan.suites, "levels": plan.levels, "reps": plan.reps,
-              "warmup": plan.warmup, "max_tokens": plan.max_tokens, "seed": plan.seed,
+              "warmup": plan.warmup, "max_tokens": plan.max_tokens, "seed": plan.seed, "cold": plan.cold,
               "prompts": [{"id": p.id, "suite": p.suite, "body_words": p.words()} for p in plan.prompts]}
     if plan.b_url:  # arm B on its own server
         config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"), "knobs_hash": server.get("b_knobs_hash")}

@@ -203,7 +203,7 @@ def cmd_ab(args) -> int:
                           reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
                           timeout=args.timeout, time_limit=args.time_limit,
                           suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index),
-                          b_url=b_url)
+                          b_url=b_url, cold=args.cold)
         server["build"] = bench.check_arms(plan) or server["build"]
         window = windows.create(results_dir, args.window) if args.window else None
         prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
@@ -302,14 +302,18 @@ def add_verbs(verb) -> None:
     ab.add_argument("--a-config", metavar="FILE", help="arm A is a server started from this config (local "
                     "runtime); with --b-config the two are restarted alternately, for knobs read at start")
     ab.add_argument("--b-config", metavar="FILE", help="arm B's config (served on A's host and port)")
-    ab.add_argument("--suites", help="comma-separated prompt suites (default: all: code, json, sql, prose, "
-                                     "edit, tool, count, long)")
+    ab.add_argument("--suites", help="comma-separated prompt suites (default: code, json, sql, prose, edit, "
+                                     "tool, count, long; also prefill, a long prompt to cut with "
+                                     "--max-prompt-tokens)")
     ab.add_argument("--concurrency", default="1", metavar="N,N,...", help="levels, run in this order (default: 1)")
     ab.add_argument("--reps", type=int, default=5, help="measured reps per level and arm (default: 5)")
     ab.add_argument("--warmup", type=int, default=1, help="reps run first and discarded (default: 1)")
     ab.add_argument("--max-tokens", type=int, help="reply length for every prompt (default: each prompt's own)")
     ab.add_argument("--max-prompt-tokens", type=int,
                     help="cut long prompts by words to fit this many prompt tokens (small models)")
+    ab.add_argument("--cold", action="store_true",
+                    help="start every request with a line of its own, so no prompt page is cached and TTFT is a "
+                         "cold prefill (replies then differ between requests)")
     ab.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     ab.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
     ab.add_argument("--time-limit", type=float, default=3600.0,

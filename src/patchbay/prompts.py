@@ -1,7 +1,9 @@
 """The prompt suites `patchbay ab` sends: fixed, shipped in the repository, one shape of work each.
 
 A prompt is an id, its suite, chat messages (the last one a user turn), optional OpenAI `tools`
-and a default `max_tokens`. The body of the last user message may be cut at a word boundary to
+and a default `max_tokens`. The `prefill` suite (one prompt of about 8,500 words, meant to be cut
+to a prompt length with `--max-prompt-tokens`) times a long prompt's prefill; it runs only when
+named. The body of the last user message may be cut at a word boundary to
 fit a small model's context (`fit`); whatever precedes the body (the instruction) is kept.
 """
 
@@ -90,17 +92,21 @@ PROMPTS: list[Prompt] = [
     Prompt("tool-weather", "tool", "What is the weather like in Bergen right now, and are there trains from "
            "Oslo to Bergen on 2025-06-14?", max_tokens=256, tools=_TOOLS),
     Prompt("count-100", "count", "Count from 1 to 100, one number per line, with nothing else.", max_tokens=600),
+    Prompt("prefill-long", "prefill", "Read the five reports below, then answer in one sentence: which "
+           "claim do they share?", "\n\n".join([LONG_ARTICLE] * 5), max_tokens=16),
     Prompt("long-summary", "long", "Read the article below, then summarize it in five bullet points and name "
            "the five questions it says a claim should answer.", LONG_ARTICLE, max_tokens=384),
 ]
 
 SUITES = tuple(dict.fromkeys(p.suite for p in PROMPTS))
+DEFAULT_SUITES = tuple(s for s in SUITES if s != "prefill")  # what runs when no suite is named
 
 
 def select(suites: list[str] | None = None) -> list[Prompt]:
-    """The prompts of the named suites, in the shipped order; ValueError names unknown ones."""
+    """The prompts of the named suites (default: DEFAULT_SUITES), in the shipped order; ValueError
+    names unknown ones."""
     if not suites:
-        return list(PROMPTS)
+        return [p for p in PROMPTS if p.suite in DEFAULT_SUITES]
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise ValueError(f"unknown suite(s) {', '.join(unknown)} (known: {', '.join(SUITES)})")

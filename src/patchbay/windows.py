@@ -167,7 +167,9 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              f"- server: {config['url']}, model `{config['model']}`, build `{config['build']}`",
              f"- arms: A `pb_knobs` = `{json.dumps(arms['A'])}`, B `pb_knobs` = `{json.dumps(arms['B'])}`",
              f"- prompts: {len(config['prompts'])} from suites {', '.join(config['suites'])}; max tokens "
-             f"{config['max_tokens'] or 'per prompt'}; greedy, streamed",
+             f"{config['max_tokens'] or 'per prompt'}; greedy, streamed"
+             + ("; cold: each request starts with a line of its own, so nothing of its prompt was cached"
+                if config.get("cold") else ""),
              f"- concurrency {', '.join(map(str, config['levels']))}; {config['reps']} reps after "
              f"{config['warmup']} warmup rep(s) (discarded); the arm sent first alternates every rep "
              "(`first` in raw.jsonl)",
