@@ -289,6 +289,22 @@ def test_ab_same_bits_knob_through_the_cli(server_on, tmp_path):
 
 
 @pytest.mark.engine
+def test_ab_cold_prompts_are_fitted_with_their_own_first_line(server_on, tmp_path):
+    """--cold with the long prefill prompt: every request is its own (a distinct first line), and the
+    line counts toward --max-prompt-tokens, so no prompt is longer than asked."""
+    proc = patchbay("ab", "--url", server_on.url, "--model", server_on.model, "--knob", "PB_SSE_DONE=0,1",
+                    "--suites", "prefill", "--cold", "--max-prompt-tokens", "400", "--max-tokens", "2",
+                    "--reps", "2", "--warmup", "0", "--window", "cold", "--results-dir", str(tmp_path), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    window = tmp_path / "W01-cold"
+    raw = windows.read_raw(window)
+    assert len(raw) == 4 and not [r for r in raw if r["error"]]
+    assert all(370 <= r["prompt_tokens"] <= 400 for r in raw), [r["prompt_tokens"] for r in raw]
+    assert json.loads((window / "config.json").read_text())["cold"] is True
+    assert "cold: each request starts with a line of its own" in (window / "SUMMARY.md").read_text()
+
+
+@pytest.mark.engine
 def test_ab_refuses_an_arm_the_server_refuses_before_running(server_on, tmp_path):
     proc = patchbay("ab", "--url", server_on.url, "--knob", "PB_MODELS_INFO=0,1", "--suites", "count",
                     "--window", "refused", "--results-dir", str(tmp_path), "--quiet")

@@ -89,14 +89,24 @@ def arms_from_json(a_json: str, b_json: str) -> dict:
 
 
 COLD_REQUESTS = itertools.count()
+# A cold request's first line is "Request N-xxxxxxxx." and a blank line; its tokens vary a little
+# with the digits, so fitting a prompt for --cold counts it with this sample line and keeps this
+# many tokens of --max-prompt-tokens spare.
+COLD_SAMPLE_LINE = "Request 0-0f0f0f0f.\n\n"
+COLD_RESERVE = 8
+
+
+def with_first_line(messages: list[dict], line: str) -> list[dict]:
+    """The messages with `line` put before the first message's content."""
+    if not line:
+        return messages
+    return [{**messages[0], "content": line + messages[0]["content"]}, *messages[1:]]
 
 
 def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = None) -> dict:
     messages = prompt.messages()
     if plan.cold:  # a line of its own first, so no page of the prompt matches one the server cached
-        first = messages[0]
-        messages[0] = {**first, "content": f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n"
-                                           f"{first['content']}"}
+        messages = with_first_line(messages, f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n")
     body = {"model": plan.model, "messages": messages, "stream": True, "temperature": 0,
             "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
     if prompt.tools:
@@ -278,17 +288,19 @@ def check_arms(plan: Plan) -> str | None:
     return build
 
 
-def token_counter(url: str, model: str, timeout: float = 120.0):
-    """A function Prompt -> prompt tokens: the server's /tokenize when it has one (PB_TOKENIZE),
-    else the `usage` of a one-token completion."""
+def token_counter(url: str, model: str, timeout: float = 120.0, first_line: str = ""):
+    """A function Prompt -> prompt tokens (with `first_line` before its first message): the
+    server's /tokenize when it has one (PB_TOKENIZE), else the `usage` of a one-token completion."""
     def via_tokenize(p: Prompt) -> int:
-        body = {"model": model, "messages": p.messages(), **({"tools": p.tools} if p.tools else {})}
+        body = {"model": model, "messages": with_first_line(p.messages(), first_line),
+                **({"tools": p.tools} if p.tools else {})}
         r = httpx.post(f"{url}/tokenize", json=body, timeout=timeout)
         r.raise_for_status()
         return int(r.json()["count"])
 
     def via_usage(p: Prompt) -> int:
-        body = {"model": model, "messages": p.messages(), "max_tokens": 1, "temperature": 0,
+        body = {"model": model, "messages": with_first_line(p.messages(), first_line), "max_tokens": 1,
+                "temperature": 0,
                 **({"tools": p.tools} if p.tools else {})}
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout)
         if r.status_code != 200:
@@ -303,17 +315,20 @@ def token_counter(url: str, model: str, timeout: float = 120.0):
     return via_tokenize if has_tokenize else via_usage
 
 
-def prepare(url: str, model: str | None, suite_names: list[str] | None, max_prompt_tokens: int | None):
-    """(model, build, knobs hash, prompts) for a run: the prompts selected and cut to fit."""
+def prepare(url: str, model: str | None, suite_names: list[str] | None, max_prompt_tokens: int | None,
+            cold: bool = False):
+    """(model, build, knobs hash, prompts) for a run: the prompts selected and cut to fit (with
+    --cold, to fit with their first line)."""
     info = server_info(url, model)
     try:
         chosen = suites.select(suite_names)
     except ValueError as e:
         raise BenchError(f"--suites: {e}", 2) from None
     if max_prompt_tokens:
-        count = token_counter(url, info["model"])
+        count = token_counter(url, info["model"], first_line=COLD_SAMPLE_LINE if cold else "")
+        limit = max_prompt_tokens - (COLD_RESERVE if cold else 0)
         try:
-            chosen = [suites.fit(p, max_prompt_tokens, count) for p in chosen]
+            chosen = [suites.fit(p, limit, count) for p in chosen]
         except ValueError as e:
             raise BenchError(f"--max-prompt-tokens {max_prompt_tokens}: {e}; raise it or drop that suite", 2) from None
     return info, chosen

@@ -192,7 +192,7 @@ def cmd_ab(args) -> int:
         if args.b_url and restart:
             raise bench.BenchError("--b-url names B's server; --a-config/--b-config start their own", 2)
         b_url = args.b_url.rstrip("/") if args.b_url else None
-        server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens)
+        server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens, cold=args.cold)
         if b_url:
             other = bench.server_info(b_url, server["model"])
             if other["listed"] and server["model"] not in other["listed"]:
@@ -313,7 +313,8 @@ def add_verbs(verb) -> None:
                     help="cut long prompts by words to fit this many prompt tokens (small models)")
     ab.add_argument("--cold", action="store_true",
                     help="start every request with a line of its own, so no prompt page is cached and TTFT is a "
-                         "cold prefill (replies then differ between requests)")
+                         "cold prefill (replies then differ between requests); --max-prompt-tokens then "
+                         "counts that line")
     ab.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     ab.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
     ab.add_argument("--time-limit", type=float, default=3600.0,
