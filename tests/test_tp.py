@@ -49,6 +49,16 @@ def greedy(url: str, model: str, messages: list[dict]) -> tuple[str, str]:
     return body["choices"][0]["message"]["content"], body["pb_fingerprint"]
 
 
+def test_each_rank_fuses_its_own_column_shards(tp_server):
+    """0310 under TP: q/k/v and gate/up are column shards, fused on each rank's rows (the replies
+    below are then those of the fused shards)."""
+    files = launch.RunFiles(tp_server.run_path)
+    for rank in (0, 1):
+        log = files.rank_log(rank).read_text()
+        assert ("PB_FUSED_PROJ: fused q/k/v in 2 attention layers and gate/up in 2 MLPs, 4 of them tensor-parallel "
+                "column shards fused on this rank's rows (0 left") in log, (rank, log[-2000:])
+
+
 def test_tp2_greedy_replies_equal_tp1(tp_server, server_on, tiny_model):
     """Same build, same adopted knobs; only TP differs. Token ids equal on all 8 prompts."""
     for i, messages in enumerate(exact.EXACTNESS_PROMPTS):
