@@ -49,14 +49,27 @@ def greedy(url: str, model: str, messages: list[dict]) -> tuple[str, str]:
     return body["choices"][0]["message"]["content"], body["pb_fingerprint"]
 
 
-def test_each_rank_fuses_its_own_column_shards(tp_server):
-    """0310 under TP: q/k/v and gate/up are column shards, fused on each rank's rows (the replies
-    below are then those of the fused shards)."""
+def test_column_shards_stay_apart_without_0340(tp_server):
     files = launch.RunFiles(tp_server.run_path)
     for rank in (0, 1):
         log = files.rank_log(rank).read_text()
-        assert ("PB_FUSED_PROJ: fused q/k/v in 2 attention layers and gate/up in 2 MLPs, 4 of them tensor-parallel "
-                "column shards fused on this rank's rows (0 left") in log, (rank, log[-2000:])
+        assert "PB_FUSED_PROJ: fused q/k/v in 0 attention layers and gate/up in 0 MLPs (4 left" in log, log[-2000:]
+
+
+def test_with_0340_each_rank_fuses_its_own_column_shards_and_replies_as_tp1(patched_engine, tiny_model, server_on,
+                                                                           tmp_path):
+    cfg = dataclasses.replace(tp_config(tmp_path / "run"), knobs={**TP_KNOBS, "PB_FUSED_PROJ_TP": "1"})
+    files = launch.RunFiles(cfg.run_path)
+    launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    try:
+        for rank in (0, 1):
+            log = files.rank_log(rank).read_text()
+            assert ("PB_FUSED_PROJ: fused q/k/v in 2 attention layers and gate/up in 2 MLPs, 4 of them "
+                    "tensor-parallel column shards fused on this rank's rows (0 left") in log, (rank, log[-2000:])
+        for messages in exact.EXACTNESS_PROMPTS[:3]:
+            assert greedy(cfg.url, tiny_model, messages)[0] == greedy(server_on.url, tiny_model, messages)[0]
+    finally:
+        launch.stop(files)
 
 
 def test_tp2_greedy_replies_equal_tp1(tp_server, server_on, tiny_model):
