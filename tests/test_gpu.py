@@ -2,11 +2,13 @@
 window from per-setting `ab` windows (the GPU runs themselves land as results windows)."""
 
 import json
+import os
 
 import pytest
 
 from patchbay import gpu, roofline, synth
 
+from .conftest import ROOT
 from .test_bench import make_window
 
 
@@ -247,6 +249,33 @@ def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_mode
         assert window["warm_s"] > 0 and window["seconds"] >= 0.3  # traced unrecorded first, then the window
     table = (tmp_path / "p" / "table.md").read_text().splitlines()
     assert len(table) == 6 and table[2].startswith("| C1, rank 0 | no CUDA-graph replays")
+
+
+@pytest.mark.engine
+def test_served_profile_makes_the_engines_graph_captures_wait_for_the_profiler(patched_engine):
+    """The profiler synchronizes the device when a window starts and ends, which a CUDA-graph capture
+    does not survive (W09): the engine's capture and the profiler's transitions share one lock."""
+    import subprocess
+    import sys
+
+    script = """
+import json
+from patchbay import served_profile
+from transformers.generation.continuous_batching.model_runner import ModelRunner
+seen = []
+def probe(self, *args):  # stands in for the capture (no GPU here)
+    seen.append(served_profile.CAPTURE.locked())
+ModelRunner._capture_graph = probe
+first, again = served_profile.guard_captures(), served_profile.guard_captures()
+ModelRunner._capture_graph(None, None, None)
+print(json.dumps({"guarded": [first, again], "held_during": seen, "free_after": not served_profile.CAPTURE.locked(),
+                  "wrapped_once": ModelRunner._capture_graph.__wrapped__ is probe}))
+"""
+    env = {**os.environ, "PYTHONPATH": f"{patched_engine.site}:{ROOT / 'src'}"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"guarded": [True, True], "held_during": [True],
+                                                                "free_after": True, "wrapped_once": True}
 
 
 def test_served_table_has_the_collectives_column():

@@ -9,11 +9,14 @@ OUT_DIR/window-N.json: the GPU kernels of that window by category (collectives i
 tensor-parallel rank's all-reduce share shows), the GPU's busy time, and the number of CUDA
 graph replays (one per decode step under graphs). The signals only set events; a thread of
 its own starts and stops the profiler, which records the device's kernels whichever thread
-launched them.
+launched them. The profiler synchronizes the device when a window starts and ends, which a CUDA
+graph capture does not survive (W09: it killed the server when a batch of a new size was being
+captured), so the engine's captures and the profiler's transitions take turns on one lock.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import runpy
@@ -25,6 +28,27 @@ from pathlib import Path
 
 GRAPH_LAUNCH = "cudaGraphLaunch"
 WARM_S = 1.0  # seconds of tracing before each recorded window
+CAPTURE = threading.Lock()  # held while the engine captures a CUDA graph, and while the profiler changes state
+
+
+def guard_captures() -> bool:
+    """Make the engine's CUDA-graph captures hold CAPTURE (False: an engine without them)."""
+    try:
+        from transformers.generation.continuous_batching.model_runner import ModelRunner
+    except ImportError:
+        return False
+    original = getattr(ModelRunner, "_capture_graph", None)
+    if original is None or getattr(original, "pb_guarded", False):
+        return original is not None
+
+    @functools.wraps(original)
+    def capture(self, *args, **kwargs):
+        with CAPTURE:
+            return original(self, *args, **kwargs)
+
+    capture.pb_guarded = True
+    ModelRunner._capture_graph = capture
+    return True
 
 
 def window_table(prof, seconds: float) -> dict:
@@ -66,19 +90,21 @@ class Profiler:
             prof = torch.profiler.profile(activities=activities,
                                           schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
                                           on_trace_ready=lambda p: tables.append(window_table(p, seconds)))
-            prof.start()
+            with CAPTURE:
+                prof.start()
             time.sleep(WARM_S)
-            prof.step()
+            with CAPTURE:
+                prof.step()
             t0 = time.perf_counter()
             (self.out / f"started-{self.windows}").touch()  # the driver times its window from here
             self.stop.wait()
-            # No device synchronize here: the engine may be capturing a CUDA graph for a new
-            # batch size right now, and a synchronize during a capture breaks it (it took an
-            # air24 TP=2 server down at C8 on the H200, W07). Kernels still running at the
-            # stop are left out of the window.
+            # No device synchronize of our own: a synchronize during a capture breaks it (it took
+            # an air24 TP=2 server down at C8 on the H200, W07); the profiler's own waits for
+            # any capture in progress. Kernels still running at the stop are left out.
             seconds = time.perf_counter() - t0
-            prof.step()  # the window ends: its records become the table
-            prof.stop()
+            with CAPTURE:
+                prof.step()  # the window ends: its records become the table
+                prof.stop()
             record = {"pid": os.getpid(), "rank": int(os.environ.get("RANK", "0")), "warm_s": WARM_S,
                       **tables.pop()}
             path = self.out / f"window-{self.windows}.json"
@@ -95,6 +121,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     profiler = Profiler(out)
+    guard_captures()
     signal.signal(signal.SIGUSR1, lambda *_: profiler.start.set())
     signal.signal(signal.SIGUSR2, lambda *_: profiler.stop.set())
     threading.Thread(target=profiler.run, name="pb-served-profile", daemon=True).start()
