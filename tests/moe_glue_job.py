@@ -47,8 +47,7 @@ def cuda_order(rows, perm, weights, tokens, top_k, out_dtype):
     """The same arithmetic with the K products added in the order torch's CUDA reduction adds them:
     element k into accumulator k % 4, then ((a0 + a1) + a2) + a3 (each step an exact IEEE op)."""
     prod_dtype = torch.promote_types(rows.dtype, weights.dtype)
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(perm.size(0))
+    inv_perm = perm.argsort()  # inv_perm[p]: where pair p's row lies among the sorted rows
     products = (rows[inv_perm].float() * weights.float().unsqueeze(-1)).to(prod_dtype).float()
     products = products.view(tokens, top_k, rows.shape[-1])
     acc = [torch.zeros(tokens, rows.shape[-1]) for _ in range(4)]
@@ -62,8 +61,7 @@ def within_rounding(got, ref, rows, perm, weights, top_k):
     K float32 products can move a sum: (K - 1) float32 epsilons of the sum of their magnitudes."""
     if got.numel() == 0:
         return True
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(perm.size(0))
+    inv_perm = perm.argsort()  # inv_perm[p]: where pair p's row lies among the sorted rows
     magnitude = (rows[inv_perm].float() * weights.float().unsqueeze(-1)).abs().view(got.shape[0], top_k, -1).sum(1)
     step = torch.finfo(ref.dtype).eps * ref.float().abs()
     bound = step + (top_k - 1) * torch.finfo(torch.float32).eps * magnitude

@@ -82,7 +82,7 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         q = F.linear(x, w_qkv, b_qkv)[:, : s["heads"] * s["head_dim"]]
         q = q.view(1, rows, s["heads"], s["head_dim"]).transpose(1, 2)
         k = q[:, : s["kv_heads"]]
-        pos = torch.arange(rows, device=device, dtype=torch.float32)[None] * 0 + 100  # the same position each row
+        pos = torch.full((1, rows), 100.0, device=device)  # the same position each row
         freqs = pos[..., None] / 10000 ** (torch.arange(0, s["rotary"], 2, device=device).float() / s["rotary"])
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -96,8 +96,7 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         return fused_moe.experts_forward(experts, x, index, weights)
 
     def grouped(x):
-        index = (torch.arange(x.shape[0], device=device)[:, None] * 0
-                 + torch.arange(s["top_k"], device=device)[None]) % s["experts"]  # every row the same experts
+        index = torch.arange(s["top_k"], device=device).expand(x.shape[0], -1)  # every row the same experts
         weights = torch.full(index.shape, 1.0 / s["top_k"], device=device)
         return grouped_mm_experts_forward(experts, x, index, weights)
 
@@ -112,9 +111,11 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         rows = x.shape[0]
         q = F.linear(x, w_qkv, b_qkv)[:, : s["heads"] * s["head_dim"]].reshape(1, rows, s["heads"], s["head_dim"])
         lengths = [kv_len + 17 * i for i in range(rows)]
-        kv = torch.randn(sum(lengths), 2, s["kv_heads"], s["head_dim"], generator=torch.Generator().manual_seed(2))
-        kv = kv.to(device=device, dtype=x.dtype)
-        # every sequence's own keys are the same whatever the batch: the first sequence's are kv[:kv_len]
+        # the first sequence's keys and values are the same whatever the batch; the others follow them
+        first = torch.randn(kv_len, 2, s["kv_heads"], s["head_dim"], generator=torch.Generator().manual_seed(2))
+        others = torch.randn(sum(lengths) - kv_len, 2, s["kv_heads"], s["head_dim"],
+                             generator=torch.Generator().manual_seed(3))
+        kv = torch.cat([first, others]).to(device=device, dtype=x.dtype)
         k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = torch.full((rows, sum(lengths)), torch.finfo(x.dtype).min, device=device, dtype=x.dtype)
         start = 0
@@ -125,7 +126,6 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         return out.transpose(1, 2).reshape(rows, -1)
 
     moe_combine.ENABLED = moe_gate.ENABLED = True
-    moe_combine.TRITON = moe_gate.TRITON = True
     return {
         "qkv GEMM (0310 fused, bias)": lambda x: F.linear(x, w_qkv, b_qkv),
         "o_proj GEMM": lambda x: F.linear(torch.cat([x] * (s["heads"] * s["head_dim"] // s["hidden"]), -1), w_o),
