@@ -1,0 +1,38 @@
+"""0360 PB_FAST_ENCODE: the tokenizer's encode without offsets, on the tiny model's tokenizer.
+
+The ids, masks and type ids must be upstream's for every way the server and library users
+call the tokenizer; offsets, when asked for, still come; and the character mappings of an
+encoding made without offsets raise instead of answering from zeros."""
+
+import pytest
+
+from .conftest import engine_job
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def off(patched_engine, tiny_model):
+    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def on(patched_engine, tiny_model):
+    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300, PB_FAST_ENCODE="1")
+
+
+def test_ids_and_masks_equal_upstreams_every_way_the_tokenizer_is_called(off, on):
+    assert on["calls"] == off["calls"]
+    assert on["chat_tokens"] == off["chat_tokens"] > 3000  # the chat template's long prompt
+    assert len(set(map(tuple, off["calls"]["single"]))) == len(off["calls"]["single"])  # the texts differ
+
+
+def test_offsets_still_come_when_asked_for(off, on):
+    assert on["offsets"] == off["offsets"] and on["offsets_have_encodings"] and off["offsets_have_encodings"]
+    assert any(end > 0 for _, end in on["offsets"])
+
+
+def test_character_mappings_raise_instead_of_answering_from_zeroed_offsets(off, on):
+    assert off["plain_has_encodings"] and isinstance(off["char_to_token"], int)
+    assert not on["plain_has_encodings"]
+    assert on["char_to_token"].startswith("error: ") and "not available" in on["char_to_token"]
