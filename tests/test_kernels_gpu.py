@@ -1,5 +1,5 @@
 """The Triton kernels of 0280 (router), 0290 (rotary), 0300 (RMSNorm), 0320 and 0330 (the grouped_mm
-experts' combine and gate), and 0310's fused projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
+experts' combine and gate), 0370 (attention over each sequence's own keys), and 0310's fused projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
 shapes: one token (C1 decode), 32 tokens (C32 decode) and an 8K-token prefill, in bfloat16 as
 served; and each inside a CUDA graph, as the batching engine replays them. Runs on the device (`scripts/gpu-run.sh patched python3 -m
 pytest -m gpu tests/test_kernels_gpu.py`), never in CI; its outcomes land in a results window.
@@ -198,3 +198,52 @@ def test_moe_gate_gives_upstreams_bits_over_the_whole_bf16_range():
     finally:
         moe_gate.restore()
     assert torch.equal(got, ref), (got != ref).float().mean().item()
+
+
+def varlen_step(seqs, generator):
+    """A step of (cached, new) token counts at air12's attention widths, bf16: query [1, H, Tq, D]
+    (the model's transposed view), keys/values [1, KVH, Tk, D] laid out as the cache update returns
+    them, and the cumulative lengths as int32 tensors on the GPU."""
+    cu_q, cu_k = [0], [0]
+    for past, new in seqs:
+        cu_q.append(cu_q[-1] + new)
+        cu_k.append(cu_k[-1] + past + new)
+    q = torch.randn((1, cu_q[-1], HEADS, HEAD_DIM), generator=generator, device="cuda").bfloat16().transpose(1, 2)
+    k = torch.randn((1, cu_k[-1], KV_HEADS, HEAD_DIM), generator=generator, device="cuda").bfloat16().transpose(1, 2)
+    v = torch.randn((1, cu_k[-1], KV_HEADS, HEAD_DIM), generator=generator, device="cuda").bfloat16().transpose(1, 2)
+    kwargs = {"cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32, device="cuda"),
+              "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32, device="cuda")}
+    return q, k, v, cu_q, cu_k, kwargs
+
+
+@pytest.mark.parametrize("seqs", [[(0, 8192)], [(8000, 1)] * 32, [(4000, 1)] * 7 + [(0, 3000)], [(300, 700), (0, 1)]])
+def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(seqs):
+    """0370 against upstream's masked sdpa (float32 reference of the same bf16 inputs), and the
+    first sequence's rows alone against the same rows in the whole step."""
+    from types import SimpleNamespace
+
+    from transformers._pb import varlen_attention
+    from transformers.generation.continuous_batching.utils import build_attention_mask
+
+    gen = torch.Generator(device="cuda").manual_seed(len(seqs))
+    q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
+    module = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
+    varlen_attention.ENABLED = True
+    try:
+        got = varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)
+        mask = torch.full((1, 1, q.shape[2], k.shape[2]), float("-inf"), device="cuda")
+        build_attention_mask(mask, cu_q, cu_k)
+        rep = HEADS // KV_HEADS
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1), attn_mask=mask,
+            scale=HEAD_DIM ** -0.5).transpose(1, 2)
+        assert (got.float() - want).abs().max().item() < 2e-2
+        first = seqs[0]
+        q1, k1, v1 = q[:, :, : first[1]], k[:, :, : sum(first)], v[:, :, : sum(first)]
+        alone = varlen_attention.forward(module, q1, k1, v1, HEAD_DIM ** -0.5, {
+            "cu_seq_lens_q": torch.tensor([0, first[1]], dtype=torch.int32, device="cuda"),
+            "cu_seq_lens_k": torch.tensor([0, sum(first)], dtype=torch.int32, device="cuda")})
+        assert torch.equal(alone, got[:, : first[1]])
+        assert torch.equal(in_graph(lambda: varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)), got)
+    finally:
+        varlen_attention.ENABLED = False

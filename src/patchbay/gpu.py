@@ -76,7 +76,7 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     chosen = fused_moe.model_kwargs({}).get("experts_implementation") if fused_moe else None
     if chosen:
         model.set_experts_implementation(chosen)
-    load_hooks.apply(model)  # 0280-0340 replace modeling forwards or fuse weights when their knobs are on
+    load_hooks.apply(model)  # 0280-0370 replace modeling forwards or fuse weights when their knobs are on
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)

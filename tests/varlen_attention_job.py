@@ -1,0 +1,109 @@
+"""Run by tests/test_varlen_attention.py under Triton's CPU interpreter (TRITON_INTERPRET=1) with
+the patched engine first on PYTHONPATH and PB_VARLEN_ATTENTION=1: 0370's kernel against upstream's
+masked sdpa on random steps, a sequence alone against the same sequence among others, and the
+tiny model's greedy replies through the batching loop. Prints one JSON line."""
+
+import json
+import random
+import sys
+from types import SimpleNamespace
+
+import torch
+from transformers.generation.continuous_batching.utils import build_attention_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from transformers._pb import varlen_attention
+
+HEADS, KV_HEADS, DIM = 6, 2, 16
+MODULE = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
+
+
+def step(seqs: list[tuple[int, int]], pad_q: int, pad_k: int, gen: torch.Generator):
+    """A step of (cached, new) token counts: query [1, H, Tq, D], keys/values [1, KVH, Tk, D]
+    laid out as upstream's cache update returns them (each sequence's cached keys, then its new
+    ones), and the cumulative lengths."""
+    cu_q, cu_k = [0], [0]
+    for past, new in seqs:
+        cu_q.append(cu_q[-1] + new)
+        cu_k.append(cu_k[-1] + past + new)
+    tq, tk = cu_q[-1] + pad_q, cu_k[-1] + pad_k
+    q = torch.randn((1, tq, HEADS, DIM), generator=gen).transpose(1, 2)  # the model's transposed view
+    k = torch.randn((1, tk, KV_HEADS, DIM), generator=gen).transpose(1, 2)
+    v = torch.randn((1, tk, KV_HEADS, DIM), generator=gen).transpose(1, 2)
+    return q, k, v, cu_q, cu_k
+
+
+def reference(q, k, v, cu_q, cu_k):
+    mask = torch.full((1, 1, q.shape[2], k.shape[2]), torch.finfo(q.dtype).min)
+    build_attention_mask(mask, cu_q, cu_k)
+    out, _ = sdpa_attention_forward(MODULE, q, k, v, mask, scaling=DIM ** -0.5)
+    return out
+
+
+def kernel(q, k, v, cu_q, cu_k):
+    kwargs = {"cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32),
+              "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32)}
+    return varlen_attention.forward(MODULE, q, k, v, DIM ** -0.5, kwargs)
+
+
+def random_steps(count: int = 40) -> dict:
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    worst, padding_rows_zero, mixed = 0.0, True, 0
+    for case in range(count):
+        seqs = [(rng.choice([0, 0, rng.randint(1, 150)]), rng.choice([1, 1, rng.randint(1, 90)]))
+                for _ in range(rng.randint(1, 5))]
+        q, k, v, cu_q, cu_k = step(seqs, rng.randint(0, 5), rng.randint(0, 7), gen)
+        got, want = kernel(q, k, v, cu_q, cu_k), reference(q, k, v, cu_q, cu_k)
+        real = cu_q[-1]
+        worst = max(worst, (got[:, :real] - want[:, :real]).abs().max().item())
+        padding_rows_zero &= bool((got[:, real:] == 0).all())
+        mixed += len(seqs) > 1 and max(n for _, n in seqs) > 1 and min(n for _, n in seqs) == 1
+    return {"cases": count, "max_abs_diff": worst, "padding_rows_zero": padding_rows_zero,
+            "mixed_steps": mixed}
+
+
+def alone_vs_batched() -> dict:
+    """One sequence (40 cached keys, 70 new rows) alone, then second among three with padding:
+    are its rows the same bits?"""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, cu_q, cu_k = step([(40, 70)], 0, 0, gen)
+    alone = kernel(q, k, v, cu_q, cu_k)
+    bq, bk, bv, bcu_q, bcu_k = step([(13, 1), (40, 70), (0, 33)], 3, 5, gen)
+    bq[:, :, bcu_q[1]:bcu_q[2]] = q[:, :, :70]
+    bk[:, :, bcu_k[1]:bcu_k[2]] = k[:, :, :110]
+    bv[:, :, bcu_k[1]:bcu_k[2]] = v[:, :, :110]
+    batched = kernel(bq, bk, bv, bcu_q, bcu_k)[:, bcu_q[1]:bcu_q[2]]
+    return {"equal_bits": bool(torch.equal(alone, batched)), "max_abs_diff": (alone - batched).abs().max().item()}
+
+
+def tiny_replies(model_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    prompts = [tok(t)["input_ids"] for t in ("def fibonacci(n):", "The quick brown fox jumps over", "import os\n")]
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    calls = []
+    real = varlen_attention.forward
+
+    def counted(*args):
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    varlen_attention.forward = counted
+    replies = {}
+    for name, enabled in (("upstream", False), ("kernel", True)):
+        varlen_attention.ENABLED = enabled
+        outs = model.generate_batch(prompts, generation_config=config, progress_bar=False)
+        replies[name] = [outs[r].generated_tokens for r in sorted(outs)]
+    varlen_attention.forward = real
+    return {"equal": replies["upstream"] == replies["kernel"], "kernel_steps": sum(calls),
+            "replies": replies["kernel"]}
+
+
+varlen_attention.at_load()
+report = {"enabled": varlen_attention.ENABLED, "random": random_steps(), "alone_vs_batched": alone_vs_batched()}
+if len(sys.argv) > 1:
+    report["tiny"] = tiny_replies(sys.argv[1])
+print(json.dumps(report))
