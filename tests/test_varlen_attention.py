@@ -28,7 +28,10 @@ def test_kernel_equals_upstreams_masked_sdpa_on_random_steps(on):
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_among_others(on):
+    # a prompt chunk after cached keys (blocks of query rows) and a decode row (its KV head's
+    # query heads as one program's rows), each alone and second of three sequences with padding
     assert on["alone_vs_batched"] == {"equal_bits": True, "max_abs_diff": 0.0}
+    assert on["decode_alone_vs_batched"] == {"equal_bits": True, "max_abs_diff": 0.0}
 
 
 def test_tiny_models_greedy_replies_through_the_batching_loop_equal_upstreams(on):

@@ -62,16 +62,16 @@ def random_steps(count: int = 40) -> dict:
             "mixed_steps": mixed}
 
 
-def alone_vs_batched() -> dict:
-    """One sequence (40 cached keys, 70 new rows) alone, then second among three with padding:
-    are its rows the same bits?"""
+def alone_vs_batched(past: int, new: int) -> dict:
+    """One sequence (`past` cached keys, `new` query rows) alone, then second among three with
+    padding: are its rows the same bits?"""
     gen = torch.Generator().manual_seed(1)
-    q, k, v, cu_q, cu_k = step([(40, 70)], 0, 0, gen)
+    q, k, v, cu_q, cu_k = step([(past, new)], 0, 0, gen)
     alone = kernel(q, k, v, cu_q, cu_k)
-    bq, bk, bv, bcu_q, bcu_k = step([(13, 1), (40, 70), (0, 33)], 3, 5, gen)
-    bq[:, :, bcu_q[1]:bcu_q[2]] = q[:, :, :70]
-    bk[:, :, bcu_k[1]:bcu_k[2]] = k[:, :, :110]
-    bv[:, :, bcu_k[1]:bcu_k[2]] = v[:, :, :110]
+    bq, bk, bv, bcu_q, bcu_k = step([(13, 1), (past, new), (0, 33)], 3, 5, gen)
+    bq[:, :, bcu_q[1]:bcu_q[2]] = q[:, :, :new]
+    bk[:, :, bcu_k[1]:bcu_k[2]] = k[:, :, :past + new]
+    bv[:, :, bcu_k[1]:bcu_k[2]] = v[:, :, :past + new]
     batched = kernel(bq, bk, bv, bcu_q, bcu_k)[:, bcu_q[1]:bcu_q[2]]
     return {"equal_bits": bool(torch.equal(alone, batched)), "max_abs_diff": (alone - batched).abs().max().item()}
 
@@ -103,7 +103,8 @@ def tiny_replies(model_dir: str) -> dict:
 
 
 varlen_attention.at_load()
-report = {"enabled": varlen_attention.ENABLED, "random": random_steps(), "alone_vs_batched": alone_vs_batched()}
+report = {"enabled": varlen_attention.ENABLED, "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
+          "decode_alone_vs_batched": alone_vs_batched(150, 1)}
 if len(sys.argv) > 1:
     report["tiny"] = tiny_replies(sys.argv[1])
 print(json.dumps(report))
