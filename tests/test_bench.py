@@ -123,6 +123,41 @@ def test_request_body_is_streamed_greedy_and_carries_only_its_arms_knobs():
     assert bench.request_body(plan(max_tokens=7), tool, "A")["max_tokens"] == 7
 
 
+def test_an_error_event_in_the_stream_is_the_requests_error(tmp_path):
+    """A server that fails a request mid-stream sends an error event; the record carries the
+    server's message instead of only missing its usage block (a real HTTP server on 127.0.0.1)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b'data: {"error": "CUDA out of memory"}\n\n')
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        plan = bench.Plan(url=url, model="m", arms={"A": {}, "B": {}}, prompts=[], levels=[1], reps=1, warmup=0,
+                          max_tokens=4)
+        with httpx.Client(timeout=30) as client:
+            rec = bench.run_request(client, plan, {"model": "m", "messages": [], "stream": True}, 0.0)
+    finally:
+        server.shutdown()
+    assert rec["error"] == 'server error: "CUDA out of memory"'
+    assert rec["t_first"] is not None  # what came before the error is kept
+
+
 def test_cold_requests_each_start_with_a_line_of_their_own():
     prose = next(p for p in prompts.PROMPTS if p.system)  # the first message is the system prompt
     warm = [bench.request_body(plan(), prose, "A")["messages"] for _ in range(2)]

@@ -141,6 +141,9 @@ def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm:
                     continue
                 now = time.perf_counter() - epoch
                 chunk = json.loads(line[6:])
+                if chunk.get("error"):  # the server gave up on the request mid-stream and said why
+                    rec["error"] = f"server error: {json.dumps(chunk['error'])[:280]}"
+                    return rec
                 for choice in chunk.get("choices") or []:
                     piece = _reply_text(choice.get("delta") or {})
                     if piece:
