@@ -168,6 +168,19 @@ def test_cold_requests_each_start_with_a_line_of_their_own():
     assert all(m[1:] == prose.messages()[1:] for m in cold)  # only the first message changes
 
 
+def test_distinct_copies_open_with_their_copy_number_the_same_in_both_arms():
+    prose = next(p for p in prompts.PROMPTS if p.system)
+    bodies = {(arm, copy): bench.request_body(plan(distinct_copies=True), prose, arm, copy=copy)["messages"]
+              for arm in "AB" for copy in range(3)}
+    assert bodies[("A", 0)] == prose.messages()  # the first copy is the prompt itself (C1 unchanged)
+    assert bodies[("A", 1)][0]["content"] == "Copy 2.\n\n" + prose.system
+    assert bodies[("A", 2)][0]["content"].startswith("Copy 3.\n\n")
+    assert all(bodies[("A", c)] == bodies[("B", c)] for c in range(3))  # replies stay comparable across arms
+    assert bench.request_body(plan(), prose, "A", copy=2)["messages"] == prose.messages()  # off by default
+    both = bench.request_body(plan(distinct_copies=True, cold=True), prose, "A", copy=1)["messages"]
+    assert both[0]["content"].startswith("Request ") and "\n\nCopy 2.\n\n" in both[0]["content"]
+
+
 # ---- prompts --------------------------------------------------------------------------------
 
 

@@ -50,6 +50,7 @@ class Plan:
     suites: list = field(default_factory=list)
     b_url: str | None = None  # arm B served by another server (same model), else by `url`
     cold: bool = False  # every request's first message starts with its own line: no cached prefix
+    distinct_copies: bool = False  # a prompt's copies after the first open with "Copy N." (other requests)
 
     def url_of(self, arm: str) -> str:
         return self.b_url if arm == "B" and self.b_url else self.url
@@ -94,6 +95,11 @@ COLD_REQUESTS = itertools.count()
 # many tokens of --max-prompt-tokens spare.
 COLD_SAMPLE_LINE = "Request 0-0f0f0f0f.\n\n"
 COLD_RESERVE = 8
+# With --distinct-copies, copy N (from 2) of a prompt opens with "Copy N." and a blank line: the same
+# line in both arms and every rep, so replies stay comparable, yet no two copies are one request.
+# A batch-invariant engine answers identical copies identically, and identical greedy replies pick
+# the same experts, which flatters a mixture-of-experts model's decode; distinct copies do not.
+COPY_SAMPLE_LINE = "Copy 99.\n\n"
 
 
 def with_first_line(messages: list[dict], line: str) -> list[dict]:
@@ -103,8 +109,10 @@ def with_first_line(messages: list[dict], line: str) -> list[dict]:
     return [{**messages[0], "content": line + messages[0]["content"]}, *messages[1:]]
 
 
-def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = None) -> dict:
+def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = None, copy: int = 0) -> dict:
     messages = prompt.messages()
+    if plan.distinct_copies and copy > 0:
+        messages = with_first_line(messages, f"Copy {copy + 1}.\n\n")
     if plan.cold:  # a line of its own first, so no page of the prompt matches one the server cached
         messages = with_first_line(messages, f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n")
     body = {"model": plan.model, "messages": messages, "stream": True, "temperature": 0,
@@ -175,7 +183,7 @@ def run_pass(client, plan: Plan, arm: str, level: int, rep: int, epoch: float, o
 
     def one(job):
         prompt, copy = job
-        rec = run_request(client, plan, request_body(plan, prompt, arm), epoch, arm)
+        rec = run_request(client, plan, request_body(plan, prompt, arm, copy=copy), epoch, arm)
         rec.update(prompt=prompt.id, suite=prompt.suite, copy=copy)
         on_done()
         return rec
@@ -319,17 +327,18 @@ def token_counter(url: str, model: str, timeout: float = 120.0, first_line: str 
 
 
 def prepare(url: str, model: str | None, suite_names: list[str] | None, max_prompt_tokens: int | None,
-            cold: bool = False):
+            cold: bool = False, distinct_copies: bool = False):
     """(model, build, knobs hash, prompts) for a run: the prompts selected and cut to fit (with
-    --cold, to fit with their first line)."""
+    --cold and --distinct-copies, to fit with their first lines)."""
     info = server_info(url, model)
     try:
         chosen = suites.select(suite_names)
     except ValueError as e:
         raise BenchError(f"--suites: {e}", 2) from None
     if max_prompt_tokens:
-        count = token_counter(url, info["model"], first_line=COLD_SAMPLE_LINE if cold else "")
-        limit = max_prompt_tokens - (COLD_RESERVE if cold else 0)
+        first_line = (COPY_SAMPLE_LINE if distinct_copies else "") + (COLD_SAMPLE_LINE if cold else "")
+        count = token_counter(url, info["model"], first_line=first_line)
+        limit = max_prompt_tokens - (COLD_RESERVE if cold or distinct_copies else 0)
         try:
             chosen = [suites.fit(p, limit, count) for p in chosen]
         except ValueError as e:
@@ -372,6 +381,7 @@ def execute(plan: Plan, server: dict, window=None, command: str = "", progress=N
     config = {"url": plan.url, "model": plan.model, "build": server["build"], "knobs_hash": server.get("knobs_hash"),
               "arms": plan.arms, "suites": plan.suites, "levels": plan.levels, "reps": plan.reps,
               "warmup": plan.warmup, "max_tokens": plan.max_tokens, "seed": plan.seed, "cold": plan.cold,
+              "distinct_copies": plan.distinct_copies,
               "prompts": [{"id": p.id, "suite": p.suite, "body_words": p.words()} for p in plan.prompts]}
     if plan.b_url:  # arm B on its own server
         config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"), "knobs_hash": server.get("b_knobs_hash")}

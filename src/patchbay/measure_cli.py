@@ -192,7 +192,8 @@ def cmd_ab(args) -> int:
         if args.b_url and restart:
             raise bench.BenchError("--b-url names B's server; --a-config/--b-config start their own", 2)
         b_url = args.b_url.rstrip("/") if args.b_url else None
-        server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens, cold=args.cold)
+        server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens, cold=args.cold,
+                                        distinct_copies=args.distinct_copies)
         if b_url:
             other = bench.server_info(b_url, server["model"])
             if other["listed"] and server["model"] not in other["listed"]:
@@ -203,7 +204,7 @@ def cmd_ab(args) -> int:
                           reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
                           timeout=args.timeout, time_limit=args.time_limit,
                           suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index),
-                          b_url=b_url, cold=args.cold)
+                          b_url=b_url, cold=args.cold, distinct_copies=args.distinct_copies)
         server["build"] = bench.check_arms(plan) or server["build"]
         window = windows.create(results_dir, args.window) if args.window else None
         prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
@@ -315,6 +316,11 @@ def add_verbs(verb) -> None:
                     help="start every request with a line of its own, so no prompt page is cached and TTFT is a "
                          "cold prefill (replies then differ between requests); --max-prompt-tokens then "
                          "counts that line")
+    ab.add_argument("--distinct-copies", action="store_true",
+                    help="where a level sends a prompt several times, copies 2, 3, ... open with the line "
+                         "'Copy N.', the same in both arms: no two requests are alike (identical copies "
+                         "get identical replies from a batch-invariant engine, which route to the same "
+                         "experts and flatter an MoE's decode)")
     ab.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     ab.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
     ab.add_argument("--time-limit", type=float, default=3600.0,

@@ -169,7 +169,9 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              f"- prompts: {len(config['prompts'])} from suites {', '.join(config['suites'])}; max tokens "
              f"{config['max_tokens'] or 'per prompt'}; greedy, streamed"
              + ("; cold: each request starts with a line of its own, so nothing of its prompt was cached"
-                if config.get("cold") else ""),
+                if config.get("cold") else "")
+             + ("; distinct copies: a prompt's copies 2, 3, ... open with 'Copy N.', so no two requests of a "
+                "level are alike" if config.get("distinct_copies") else ""),
              f"- concurrency {', '.join(map(str, config['levels']))}; {config['reps']} reps after "
              f"{config['warmup']} warmup rep(s) (discarded); the arm sent first alternates every rep "
              "(`first` in raw.jsonl)",
