@@ -291,7 +291,7 @@ def test_served_table_has_the_collectives_column():
 @pytest.mark.engine
 def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, tmp_path):
     """patchbay.gpu_invariance at cut-down widths on this CPU (Triton through its interpreter): the
-    per-row kernels (RMSNorm, rotary) keep a row's bits among 200 rows, while the MoE changes path
+    per-row kernels (RMSNorm, rotary, 0370's attention) keep a row's bits among 200 rows, while the MoE changes path
     above its decode size (the fused kernels, then grouped_mm), so the row's bits change there."""
     import subprocess
     import sys
@@ -302,8 +302,8 @@ def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, t
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "invariance.json").read_text())
     results = {(r["op"], r["rows"]): r for r in report["results"]}
-    assert len(results) == 11 * 2 and {n for _, n in results} == {2, 200}
-    for op in ("RMSNorm (0300)", "rotary (0290)"):
+    assert len(results) == 12 * 2 and {n for _, n in results} == {2, 200}
+    for op in ("RMSNorm (0300)", "rotary (0290)", "attention (0370 varlen kernel)"):
         assert results[(op, 2)]["equal"] and results[(op, 200)]["equal"], op
     moe = "MoE: router 0280 + experts 0220 (grouped_mm above the decode size)"
     assert results[(moe, 2)]["equal"] and not results[(moe, 200)]["equal"]

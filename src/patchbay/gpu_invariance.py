@@ -10,8 +10,11 @@ where: each operation of a GLM-4.5-Air layer, at air12's shapes, runs on a first
 outputs are compared bit for bit. The operations are the engine's own functions with the
 production knobs' kernels where a knob replaces one (RMSNorm 0300, rotary 0290, the router's
 expert choice 0280, the MoE experts 0220 with grouped_mm above its decode size, the combine and
-gate 0320/0330), and the GEMMs as `F.linear` runs them (q/k/v fused as 0310 fuses them, o_proj,
-the shared expert's gate/up and down, the router's float32 logits, the LM head).
+gate 0320/0330), the GEMMs as `F.linear` runs them (q/k/v fused as 0310 fuses them, o_proj, the
+shared expert's gate/up and down, the router's float32 logits, the LM head), and attention both
+as upstream's sdpa over the step's block-diagonal mask and through 0370's kernel. PB_* knobs in the environment
+take effect as a model load applies them (`load_hooks.apply`), so PB_INVARIANT_GEMM=1 probes the
+GEMMs as 0380 runs them; the knobs are recorded with the results.
 
 Writes DIR/invariance.json: per operation and row count, whether the first row's bits equal its
 bits alone, and the largest difference. On a CPU (the tests) the shapes are cut down and the
@@ -23,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 DEFAULT_ROWS = (1, 2, 8, 32, 64, 65, 512)
 
@@ -44,7 +49,8 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
     import torch.nn.functional as F
 
     from transformers import Glm4MoeConfig
-    from transformers._pb import fused_moe, fused_norm, fused_rope, fused_router, moe_combine, moe_gate
+    from transformers._pb import (fused_moe, fused_norm, fused_rope, fused_router, moe_combine, moe_gate,
+                                  varlen_attention)
     from transformers.integrations.moe import grouped_mm_experts_forward
     from transformers.models.glm4_moe import modeling_glm4_moe as modeling
 
@@ -125,8 +131,28 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[None, None], enable_gqa=True)
         return out.transpose(1, 2).reshape(rows, -1)
 
+    def varlen(x):
+        """The same step through 0370's kernel: each sequence's own keys, no mask."""
+        rows = x.shape[0]
+        q = F.linear(x, w_qkv, b_qkv)[:, : s["heads"] * s["head_dim"]].reshape(1, rows, s["heads"], s["head_dim"])
+        lengths = [kv_len + 17 * i for i in range(rows)]
+        first = torch.randn(kv_len, 2, s["kv_heads"], s["head_dim"], generator=torch.Generator().manual_seed(2))
+        others = torch.randn(sum(lengths) - kv_len, 2, s["kv_heads"], s["head_dim"],
+                             generator=torch.Generator().manual_seed(3))
+        kv = torch.cat([first, others]).to(device=device, dtype=x.dtype)
+        k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
+        cu_k = torch.tensor([0] + lengths, device=device).cumsum(0).to(torch.int32)
+        cu_q = torch.arange(rows + 1, device=device, dtype=torch.int32)
+        saved, varlen_attention.ENABLED = varlen_attention.ENABLED, True
+        try:
+            out = varlen_attention.forward(SimpleNamespace(), q.transpose(1, 2), k, v, s["head_dim"] ** -0.5,
+                                           {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k})
+        finally:
+            varlen_attention.ENABLED = saved
+        return out.reshape(rows, -1)
+
     moe_combine.ENABLED = moe_gate.ENABLED = True
-    return {
+    ops = {
         "qkv GEMM (0310 fused, bias)": lambda x: F.linear(x, w_qkv, b_qkv),
         "o_proj GEMM": lambda x: F.linear(torch.cat([x] * (s["heads"] * s["head_dim"] // s["hidden"]), -1), w_o),
         "shared expert gate/up GEMM": lambda x: F.linear(x, w_gu),
@@ -139,6 +165,9 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         "MoE: router 0280 + experts 0220 (grouped_mm above the decode size)": moe,
         "MoE: grouped_mm with 0320/0330": grouped,
     }
+    if device != "cpu" or varlen_attention.INTERPRET:
+        ops["attention (0370 varlen kernel)"] = varlen
+    return ops
 
 
 def probe(device: str, rows: list[int], small: bool) -> list[dict]:
@@ -177,11 +206,15 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--rows {args.rows!r}: expected comma-separated row counts, e.g. 1,8,64") from None
     if not rows or rows[0] < 1:
         raise SystemExit(f"--rows {args.rows!r}: row counts start at 1")
+    from . import load_hooks
+
+    load_hooks.apply()  # knobs that replace an operation process-wide (0380's GEMMs) take effect
+    knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("PB_")}
     results = probe(args.device, rows, args.small)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "invariance.json").write_text(json.dumps({"device": args.device, "rows": rows, "results": results},
-                                                    indent=1) + "\n")
+    (out / "invariance.json").write_text(json.dumps({"device": args.device, "rows": rows, "knobs": knobs,
+                                                     "results": results}, indent=1) + "\n")
     for name in dict.fromkeys(r["op"] for r in results):
         mine = [r for r in results if r["op"] == name]
         differ = [str(r["rows"]) for r in mine if not r["equal"]]

@@ -1,0 +1,56 @@
+"""0380 PB_INVARIANT_GEMM: torch's mm and addmm as GEMMs whose sums are fixed by the weight's
+shape, under Triton's CPU interpreter.
+
+Checked here: the product against float64 on random shapes, a row's bits alone and among others
+on both of the kernel's paths, the registration as torch's ops, and, with 0370's attention, the
+tiny model's log probabilities the same bits alone and batched. Its speed and its bits at
+bfloat16 on a GPU are for tests/test_kernels_gpu.py and the results windows."""
+
+import pytest
+
+from .conftest import engine_job
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def on(patched_engine, tiny_model):
+    return engine_job("invariant_gemm_job.py", patched_engine, tiny_model, timeout=1200, TRITON_INTERPRET="1",
+                      PB_INVARIANT_GEMM="1", PB_VARLEN_ATTENTION="1")
+
+
+def test_products_match_float64_on_random_shapes(on):
+    assert on["registered_at_load"] is True
+    assert on["random"]["cases"] == 30
+    # relative to the sum of the terms' sizes: float32 sums, then the output's rounding
+    assert on["random"]["worst_relative"]["float32"] < 1e-6
+    assert on["random"]["worst_relative"]["float16"] < 2e-3
+
+
+def test_a_row_gets_the_same_bits_alone_and_among_others_on_both_paths(on):
+    rows = on["rows"]
+    assert rows["chunks"] > 1  # the K sum really is cut into chunks
+    assert all(rows["chunk_programs"].values()), rows
+    assert all(rows["one_program_a_tile"].values()), rows
+
+
+def test_torchs_ops_and_linear_layers_run_the_kernel(on):
+    ops = on["torch_ops"]
+    # F.linear on [5, 3, 40] (one addmm of 15 rows), x @ w.T, and addmm with beta/alpha: the kernel;
+    # the float64 product: torch's
+    assert ops["kernel_rows"] == [15, 15, 15]
+    assert ops["linear_close"] and ops["mm_close"] and ops["addmm_scaled_close"]
+    assert ops["float64_dtype"] == "torch.float64" and ops["float64_close"]
+    assert ops["empty"] == [0, 24]
+    assert ops["k_zero_with_bias"] is True
+
+
+def test_restore_gives_torchs_own_product_back(on):
+    assert on["restored"] == {"registered": False, "mm_is_torchs": True}
+
+
+def test_tiny_model_with_0370_gives_a_request_the_same_logprobs_alone_and_batched(on):
+    tiny = on["tiny"]
+    assert tiny["prompts"] == 4 and tiny["logprob_counts"] == [10, 10, 10, 10]
+    assert all(tiny["tokens_equal"]) and all(tiny["logprobs_equal"]), tiny
+    assert tiny["max_abs_diff"] == 0.0
