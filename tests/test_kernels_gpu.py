@@ -1,8 +1,11 @@
 """The Triton kernels of 0280 (router), 0290 (rotary), 0300 (RMSNorm), 0320 and 0330 (the grouped_mm
-experts' combine and gate), 0370 (attention over each sequence's own keys), and 0310's fused projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
+experts' combine and gate), 0370 (attention over each sequence's own keys), 0380 (GEMMs whose sums
+do not depend on the row count), 0390 (0220's MoE kernels at every step size) and 0310's fused
+projections, on an NVIDIA GPU against upstream's torch code on the same GPU, at GLM-4.5-Air's
 shapes: one token (C1 decode), 32 tokens (C32 decode) and an 8K-token prefill, in bfloat16 as
-served; and each inside a CUDA graph, as the batching engine replays them. Runs on the device (`scripts/gpu-run.sh patched python3 -m
-pytest -m gpu tests/test_kernels_gpu.py`), never in CI; its outcomes land in a results window.
+served; and each inside a CUDA graph, as the batching engine replays them. Runs on the device
+(`scripts/gpu-run.sh patched python3 -m pytest -m gpu tests/test_kernels_gpu.py`), never in CI; its
+outcomes land in a results window.
 """
 
 import pytest
@@ -247,3 +250,78 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
         assert torch.equal(in_graph(lambda: varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)), got)
     finally:
         varlen_attention.ENABLED = False
+
+
+# air12's dense products at TP=1: (out features, in features, bias, dtype)
+GEMMS = {"qkv fused": (14336, 4096, True, torch.bfloat16), "o_proj": (4096, 12288, False, torch.bfloat16),
+         "shared gate/up": (2816, 4096, False, torch.bfloat16), "shared down": (4096, 1408, False, torch.bfloat16),
+         "router logits": (128, 4096, False, torch.float32)}
+
+
+@pytest.mark.parametrize("name", list(GEMMS))
+def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_any_rows(name):
+    """0380 against cuBLAS (F.linear) on the same inputs, and the first row's bits among 1 ... 8192
+    rows, on both of its paths (chunks as programs, chunks in one program) and inside a CUDA graph;
+    with the knob's registration, nn.Linear takes the kernel and restore gives cuBLAS back."""
+    import torch.nn.functional as F
+
+    from transformers._pb import invariant_gemm
+
+    n, k, has_bias, dtype = GEMMS[name]
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).to(dtype)
+    bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).to(dtype) if has_bias else None
+    x = torch.randn((8192, k), generator=gen, device="cuda").to(dtype)
+    alone = invariant_gemm.gemm(x[:1], w.t(), bias)
+    for rows in (1, 2, 31, 64, 65, 300, 8192):
+        got = invariant_gemm.gemm(x[:rows], w.t(), bias)
+        want = F.linear(x[:rows], w, bias)
+        scale = want.float().abs().max().item()
+        assert (got.float() - want.float()).abs().max().item() <= 2e-2 * scale, rows
+        assert torch.equal(got[0], alone[0]), rows
+    assert torch.equal(in_graph(lambda: invariant_gemm.gemm(x[:32], w.t(), bias))[0], alone[0])
+    linear = torch.nn.Linear(k, n, bias=has_bias, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        if has_bias:
+            linear.bias.copy_(bias)
+        cublas = linear(x[:40])
+        knob, invariant_gemm.on = invariant_gemm.on, lambda: True
+        try:
+            invariant_gemm.at_load()
+            assert torch.equal(linear(x[:40])[0], alone[0])
+        finally:
+            invariant_gemm.restore()
+            invariant_gemm.on = knob
+        assert torch.equal(linear(x[:40]), cublas)
+
+
+def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size():
+    """0390: 0220's kernels at GLM-4.5-Air's expert shapes for steps of 1 to 8,192 tokens, the first
+    token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm."""
+    from transformers import Glm4MoeConfig
+    from transformers._pb import fused_moe, moe_one_path
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    config = Glm4MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=1408, n_routed_experts=128,
+                           num_experts_per_tok=8)
+    torch.manual_seed(0)
+    experts = modeling().Glm4MoeExperts(config).cuda().bfloat16()
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.02)
+        experts.down_proj.normal_(0, 0.02)
+        x = torch.randn(8192, HIDDEN, device="cuda").bfloat16()
+        index = torch.rand(8192, 128, device="cuda").topk(8, dim=1).indices
+        weights = torch.rand(8192, 8, device="cuda")
+        moe_one_path.ENABLED = True
+        try:
+            alone = fused_moe.experts_forward(experts, x[:1], index[:1], weights[:1])
+            for tokens in (2, 32, 64, 65, 512, 8192):
+                got = fused_moe.experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                assert torch.equal(got[0], alone[0]), tokens
+                ref = grouped_mm_experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                assert (got.float() - ref.float()).abs().max().item() <= 2e-2 * ref.float().abs().max().item()
+            graphed = in_graph(lambda: fused_moe.experts_forward(experts, x[:32], index[:32], weights[:32]))
+            assert torch.equal(graphed[0], alone[0])
+        finally:
+            moe_one_path.restore()

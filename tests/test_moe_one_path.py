@@ -1,0 +1,39 @@
+"""0390 PB_MOE_ONE_PATH: 0220's fused MoE kernels for steps of every size, under Triton's CPU
+interpreter. Not yet run on a GPU (its speed above the decode size is the unknown)."""
+
+import pytest
+
+from .conftest import engine_job
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def on(patched_engine, tiny_model):
+    return engine_job("moe_one_path_job.py", patched_engine, tiny_model, timeout=1200, TRITON_INTERPRET="1",
+                      PB_MOE_ONE_PATH="1", PB_VARLEN_ATTENTION="1", PB_INVARIANT_GEMM="1")
+
+
+def test_large_steps_run_the_fused_kernels_close_to_the_eager_experts(on):
+    assert on["enabled"] is True
+    assert on["large_vs_eager_max_abs"] < 1e-5  # 200 tokens x 8 experts, one pair masked
+
+
+def test_a_token_gets_the_same_bits_alone_and_in_steps_of_every_size(on):
+    assert on["first_token_alone_vs_among"] == {str(n): True for n in (2, 63, 64, 65, 100, 200)}
+
+
+def test_the_combine_adds_a_tokens_rows_in_order(on):
+    assert on["combine_is_ordered_sum"] is True
+    assert on["combine_no_tokens"] == [0, 300]
+
+
+def test_with_the_knob_off_large_steps_are_grouped_mms_and_the_bits_move(on):
+    # what the knob removes: above 64 tokens 0220 hands the step to grouped_mm
+    assert on["off_first_token_equal_at_200"] is False
+
+
+def test_tiny_model_gives_a_short_prompt_the_same_logprobs_alone_and_beside_longer_ones(on):
+    tiny = on["tiny"]
+    assert tiny["short_prompt_pairs"] <= 16 < tiny["largest_step_tokens"] * 2  # the step crossed the decode size
+    assert tiny["one_path"] == {"logprobs_equal": True, "tokens_equal": True, "max_abs_diff": 0.0}
