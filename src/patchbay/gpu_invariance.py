@@ -111,9 +111,10 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
 
     kv_len = 40 if small else 300  # the first sequence's cached keys; the others' grow by 17 each
 
-    def attention(x):
+    def decode_step(x):
         """One decode token per sequence, packed as the batching engine packs a step: all queries
-        in one row of the batch, all sequences' keys after each other, a block-diagonal mask."""
+        in one row of the batch, all sequences' keys after each other. Returns the queries
+        [1, heads, rows, dim], keys and values [1, kv_heads, keys, dim] and each sequence's length."""
         rows = x.shape[0]
         q = F.linear(x, w_qkv, b_qkv)[:, : s["heads"] * s["head_dim"]].reshape(1, rows, s["heads"], s["head_dim"])
         lengths = [kv_len + 17 * i for i in range(rows)]
@@ -122,30 +123,29 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         others = torch.randn(sum(lengths) - kv_len, 2, s["kv_heads"], s["head_dim"],
                              generator=torch.Generator().manual_seed(3))
         kv = torch.cat([first, others]).to(device=device, dtype=x.dtype)
-        k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
+        return q.transpose(1, 2), kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None], lengths
+
+    def attention(x):
+        """sdpa over the step with a block-diagonal mask, as upstream's paged path attends."""
+        q, k, v, lengths = decode_step(x)
+        rows = x.shape[0]
         mask = torch.full((rows, sum(lengths)), torch.finfo(x.dtype).min, device=device, dtype=x.dtype)
         start = 0
         for i, n in enumerate(lengths):
             mask[i, start: start + n] = 0
             start += n
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[None, None], enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
         return out.transpose(1, 2).reshape(rows, -1)
 
     def varlen(x):
         """The same step through 0370's kernel: each sequence's own keys, no mask."""
+        q, k, v, lengths = decode_step(x)
         rows = x.shape[0]
-        q = F.linear(x, w_qkv, b_qkv)[:, : s["heads"] * s["head_dim"]].reshape(1, rows, s["heads"], s["head_dim"])
-        lengths = [kv_len + 17 * i for i in range(rows)]
-        first = torch.randn(kv_len, 2, s["kv_heads"], s["head_dim"], generator=torch.Generator().manual_seed(2))
-        others = torch.randn(sum(lengths) - kv_len, 2, s["kv_heads"], s["head_dim"],
-                             generator=torch.Generator().manual_seed(3))
-        kv = torch.cat([first, others]).to(device=device, dtype=x.dtype)
-        k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         cu_k = torch.tensor([0] + lengths, device=device).cumsum(0).to(torch.int32)
         cu_q = torch.arange(rows + 1, device=device, dtype=torch.int32)
         saved, varlen_attention.ENABLED = varlen_attention.ENABLED, True
         try:
-            out = varlen_attention.forward(SimpleNamespace(), q.transpose(1, 2), k, v, s["head_dim"] ** -0.5,
+            out = varlen_attention.forward(SimpleNamespace(), q, k, v, s["head_dim"] ** -0.5,
                                            {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k})
         finally:
             varlen_attention.ENABLED = saved
