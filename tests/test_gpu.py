@@ -291,8 +291,9 @@ def test_served_table_has_the_collectives_column():
 @pytest.mark.engine
 def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, tmp_path):
     """patchbay.gpu_invariance at cut-down widths on this CPU (Triton through its interpreter): the
-    per-row kernels (RMSNorm, rotary, 0370's attention) keep a row's bits among 200 rows, while the MoE changes path
-    above its decode size (the fused kernels, then grouped_mm), so the row's bits change there."""
+    per-row kernels (RMSNorm, rotary, 0370's attention) keep a row's bits among 200 rows, while the
+    MoE changes path above its decode size (the fused kernels, then grouped_mm), so the row's bits
+    change there."""
     import subprocess
     import sys
 

@@ -91,10 +91,10 @@ def arms_from_json(a_json: str, b_json: str) -> dict:
 
 COLD_REQUESTS = itertools.count()
 # A cold request's first line is "Request N-xxxxxxxx." and a blank line; its tokens vary a little
-# with the digits, so fitting a prompt for --cold counts it with this sample line and keeps this
-# many tokens of --max-prompt-tokens spare.
+# with the digits, so fitting a prompt for --cold counts it with this sample line and keeps
+# FIRST_LINE_RESERVE tokens of --max-prompt-tokens spare (as for --distinct-copies' line below).
 COLD_SAMPLE_LINE = "Request 0-0f0f0f0f.\n\n"
-COLD_RESERVE = 8
+FIRST_LINE_RESERVE = 8
 # With --distinct-copies, copy N (from 2) of a prompt opens with "Copy N." and a blank line: the same
 # line in both arms and every rep, so replies stay comparable, yet no two copies are one request.
 # A batch-invariant engine answers identical copies identically, and identical greedy replies pick
@@ -338,7 +338,7 @@ def prepare(url: str, model: str | None, suite_names: list[str] | None, max_prom
     if max_prompt_tokens:
         first_line = (COPY_SAMPLE_LINE if distinct_copies else "") + (COLD_SAMPLE_LINE if cold else "")
         count = token_counter(url, info["model"], first_line=first_line)
-        limit = max_prompt_tokens - (COLD_RESERVE if cold or distinct_copies else 0)
+        limit = max_prompt_tokens - (FIRST_LINE_RESERVE if cold or distinct_copies else 0)
         try:
             chosen = [suites.fit(p, limit, count) for p in chosen]
         except ValueError as e:

@@ -5,16 +5,16 @@
 Issue 7 asks that the production config keep batched == alone: a request's tokens must not
 depend on which other requests the engine batches with it. W08-W09 measured that it does not
 hold (teacher-forced, batched against alone: mean |Δ logprob| about 0.025). This probe finds
-where: each operation of a GLM-4.5-Air layer, at air12's shapes, runs on a first row alone
-(one row) and then with other rows around it (N rows, the first the same), and the first row's
-outputs are compared bit for bit. The operations are the engine's own functions with the
-production knobs' kernels where a knob replaces one (RMSNorm 0300, rotary 0290, the router's
-expert choice 0280, the MoE experts 0220 with grouped_mm above its decode size, the combine and
-gate 0320/0330), the GEMMs as `F.linear` runs them (q/k/v fused as 0310 fuses them, o_proj, the
-shared expert's gate/up and down, the router's float32 logits, the LM head), and attention both
-as upstream's sdpa over the step's block-diagonal mask and through 0370's kernel. PB_* knobs in the environment
-take effect as a model load applies them (`load_hooks.apply`), so PB_INVARIANT_GEMM=1 probes the
-GEMMs as 0380 runs them; the knobs are recorded with the results.
+where: each operation of a GLM-4.5-Air layer, at air12's shapes, runs on a first row alone (one
+row) and then with other rows around it (N rows, the first the same), and the first row's outputs
+are compared bit for bit. The operations are the engine's own functions with the production knobs'
+kernels where a knob replaces one (RMSNorm 0300, rotary 0290, the router's expert choice 0280, the
+MoE experts 0220 with grouped_mm above its decode size, the combine and gate 0320/0330), the GEMMs
+as `F.linear` runs them (q/k/v fused as 0310 fuses them, o_proj, the shared expert's gate/up and
+down, the router's float32 logits, the LM head), and attention both as upstream's sdpa over the
+step's block-diagonal mask and through 0370's kernel. PB_* knobs in the environment take effect as
+a model load applies them (`load_hooks.apply`), so PB_INVARIANT_GEMM=1 probes the GEMMs as 0380
+runs them; the knobs are recorded with the results.
 
 Writes DIR/invariance.json: per operation and row count, whether the first row's bits equal its
 bits alone, and the largest difference. On a CPU (the tests) the shapes are cut down and the
