@@ -2,7 +2,8 @@
 patched engine first on PYTHONPATH and PB_INVARIANT_GEMM=1 (and, for the tiny model's batched ==
 alone, PB_VARLEN_ATTENTION=1): 0380's GEMM against a float64 product on random shapes, a row alone
 against the same row among others on both of its paths, torch's mm and addmm through the
-registration, and the tiny model's log probabilities alone and batched. Prints one JSON line.
+registration, a router's logits, and the tiny model's log probabilities alone and batched. Prints
+one JSON line.
 
 The interpreter's bfloat16 dot is wrong in the Triton this machine has (it returns garbage for a
 plain product), so the products here are float32 and float16; the GPU test runs bfloat16."""
@@ -46,15 +47,30 @@ def rows_alone_vs_batched() -> dict:
     x = torch.randn((130, k), generator=gen)
     alone = invariant_gemm.gemm(x[:1], w.t(), bias)
     out = {"chunks": -(-k // invariant_gemm.chunk_k(n, k))}
-    for label, programs in (("chunk_programs", invariant_gemm.PROGRAMS), ("one_program_a_tile", 1)):
-        saved, invariant_gemm.PROGRAMS = invariant_gemm.PROGRAMS, programs
+    for label, max_rows in (("chunk_programs", invariant_gemm.CHUNK_MAX_ROWS), ("one_program_a_tile", 0)):
+        saved, invariant_gemm.CHUNK_MAX_ROWS = invariant_gemm.CHUNK_MAX_ROWS, max_rows
         try:
             out[label] = {str(m): bool(torch.equal(invariant_gemm.gemm(x[:m], w.t(), bias)[0], alone[0]))
                           for m in (1, 2, 7, 64, 65, 130)}
         finally:
-            invariant_gemm.PROGRAMS = saved
-    # the chunk length is the weight's: the same with PROGRAMS forced, so both paths sum alike
+            invariant_gemm.CHUNK_MAX_ROWS = saved
+    # the chunk length is the weight's: the same on both paths, so both sum alike
     return out
+
+
+def router() -> dict:
+    """A router's float32 logits from half-precision operands: against float64, a row alone and
+    among others, and torch's float32 product while the knob's registration is not in force."""
+    gen = torch.Generator().manual_seed(4)
+    w = (torch.randn((128, 512), generator=gen) * 0.05).half()
+    x = torch.randn((70, 512), generator=gen).half()
+    logits = invariant_gemm.router_logits(x, w)
+    want = x.double() @ w.double().t()
+    alone = invariant_gemm.router_logits(x[:1], w)
+    return {"chunks": -(-512 // invariant_gemm.chunk_k(128, 512)), "dtype": str(logits.dtype),
+            "worst_abs": (logits.double() - want).abs().max().item(),
+            "alone_equal": {str(m): bool(torch.equal(invariant_gemm.router_logits(x[:m], w)[0], alone[0]))
+                            for m in (2, 16, 70)}}
 
 
 def registered() -> dict:
@@ -122,7 +138,7 @@ x, w = torch.randn((9, 33), generator=gen), torch.randn((33, 17), generator=gen)
 before = torch.mm(x, w)
 invariant_gemm.at_load()
 report = {"registered_at_load": invariant_gemm._library is not None, "random": random_products(),
-          "rows": rows_alone_vs_batched(), "torch_ops": registered()}
+          "rows": rows_alone_vs_batched(), "torch_ops": registered(), "router": router()}
 if len(sys.argv) > 1:
     from transformers._pb import varlen_attention
 
@@ -130,6 +146,9 @@ if len(sys.argv) > 1:
     report["tiny"] = tiny_logprobs(sys.argv[1])
     varlen_attention.restore()
 invariant_gemm.restore()
+hidden, experts = torch.randn((3, 40), generator=gen).half(), torch.randn((8, 40), generator=gen).half()
 report["restored"] = {"registered": invariant_gemm._library is not None,
-                      "mm_is_torchs": bool(torch.equal(torch.mm(x, w), before))}
+                      "mm_is_torchs": bool(torch.equal(torch.mm(x, w), before)),
+                      "router_is_torchs": bool(torch.equal(invariant_gemm.router_logits(hidden, experts),
+                                                           F.linear(hidden.float(), experts.float())))}
 print(json.dumps(report))

@@ -2,9 +2,10 @@
 shape, under Triton's CPU interpreter.
 
 Checked here: the product against float64 on random shapes, a row's bits alone and among others
-on both of the kernel's paths, the registration as torch's ops, and, with 0370's attention, the
-tiny model's log probabilities the same bits alone and batched. Its speed and its bits at
-bfloat16 on a GPU are for tests/test_kernels_gpu.py and the results windows."""
+on both of the kernel's paths, the registration as torch's ops, a router's float32 logits from
+half-precision operands, and, with 0370's attention, the tiny model's log probabilities the same
+bits alone and batched. Its speed and its bits at bfloat16 on a GPU are for
+tests/test_kernels_gpu.py and the results windows."""
 
 import pytest
 
@@ -45,8 +46,16 @@ def test_torchs_ops_and_linear_layers_run_the_kernel(on):
     assert ops["k_zero_with_bias"] is True
 
 
+def test_router_logits_sum_half_precision_operands_in_float32_the_same_alone_and_batched(on):
+    router = on["router"]
+    assert router["chunks"] > 1  # 128 experts: the K sum is cut so one row has programs enough
+    assert router["dtype"] == "torch.float32"
+    assert router["worst_abs"] < 1e-4  # float32 sums of exact products; the operands are exact in float64 too
+    assert all(router["alone_equal"].values()), router
+
+
 def test_restore_gives_torchs_own_product_back(on):
-    assert on["restored"] == {"registered": False, "mm_is_torchs": True}
+    assert on["restored"] == {"registered": False, "mm_is_torchs": True, "router_is_torchs": True}
 
 
 def test_tiny_model_with_0370_gives_a_request_the_same_logprobs_alone_and_batched(on):

@@ -296,6 +296,30 @@ def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_an
         assert torch.equal(linear(x[:40]), cublas)
 
 
+def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_the_same_bits():
+    """0380's router logits (air12's router: 128 experts, 4,096 wide) from the bfloat16 operands
+    with float32 sums, against cuBLAS's float32 product, and the first row among 1 ... 8192 rows."""
+    import torch.nn.functional as F
+
+    from transformers._pb import invariant_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    w = (torch.randn((128, 4096), generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
+    x = torch.randn((8192, 4096), generator=gen, device="cuda").to(torch.bfloat16)
+    saved, invariant_gemm._library = invariant_gemm._library, object()  # the registration's flag only
+    try:
+        alone = invariant_gemm.router_logits(x[:1], w)
+        for rows in (1, 2, 16, 65, 300, 8192):
+            got = invariant_gemm.router_logits(x[:rows], w)
+            assert got.dtype == torch.float32
+            want = F.linear(x[:rows].float(), w.float())
+            assert (got - want).abs().max().item() < 1e-4, rows
+            assert torch.equal(got[0], alone[0]), rows
+        assert torch.equal(in_graph(lambda: invariant_gemm.router_logits(x[:8], w))[0], alone[0])
+    finally:
+        invariant_gemm._library = saved
+
+
 def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size():
     """0390: 0220's kernels at GLM-4.5-Air's expert shapes for steps of 1 to 8,192 tokens, the first
     token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm."""
