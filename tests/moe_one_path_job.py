@@ -47,6 +47,15 @@ with torch.no_grad():
         want += y.view(7, 8, 300)[:, k]
     report["combine_is_ordered_sum"] = bool(torch.equal(moe_one_path.combine(y, 7, 8), want))
     report["combine_no_tokens"] = list(moe_one_path.combine(y[:0], 0, 8).shape)
+    routed = torch.stack([torch.randperm(16)[:8] for _ in range(7)])
+    routed[2, 5], routed[4, 0] = 16, -1  # masked pairs: their rows hold garbage, and are skipped
+    skipped = y.view(7, 8, 300).clone()
+    skipped[2, 5], skipped[4, 0] = 0, 0
+    want = skipped[:, 0].clone()
+    for k in range(1, 8):
+        want += skipped[:, k]
+    y[2 * 8 + 5], y[4 * 8] = float("nan"), float("inf")
+    report["combine_skips_masked_rows"] = bool(torch.equal(moe_one_path.combine(y, 7, 8, routed, 16), want))
 
     # the same first token with the knob off: above 64 tokens the step is grouped_mm's
     moe_one_path.restore()

@@ -26,6 +26,8 @@ def test_a_token_gets_the_same_bits_alone_and_in_steps_of_every_size(on):
 def test_the_combine_adds_a_tokens_rows_in_order(on):
     assert on["combine_is_ordered_sum"] is True
     assert on["combine_no_tokens"] == [0, 300]
+    # the experts leave masked pairs' rows unwritten (not zeroed): the combine must not read them
+    assert on["combine_skips_masked_rows"] is True
 
 
 def test_with_the_knob_off_large_steps_are_grouped_mms_and_the_bits_move(on):
