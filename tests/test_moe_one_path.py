@@ -1,5 +1,5 @@
 """0390 PB_MOE_ONE_PATH: 0220's fused MoE kernels for steps of every size, under Triton's CPU
-interpreter. Not yet run on a GPU (its speed above the decode size is the unknown)."""
+interpreter. Its bits on a GPU are checked by tests/test_kernels_gpu.py, its speed in W12."""
 
 import pytest
 

@@ -1,0 +1,75 @@
+"""Run by tests/test_kernel_asm.py with the patched engine first on PYTHONPATH: compiles the
+series' main Triton kernels for an H100/H200 (sm_90) on this machine, with no GPU (Triton ships
+ptxas), at the launch shapes the engine uses, and counts in each kernel's PTX what decides its
+memory traffic: global stores and loads, and how many of them move 16 bytes at once, async copies
+into shared memory (a pipelined loop) and warp-group MMAs. Prints one JSON line.
+
+The arguments carry the hints Triton's launcher gives real tensors (16-byte aligned pointers and
+strides divisible by 16), or the compiler assumes the worst and the counts mean nothing."""
+
+import json
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from transformers._pb import fused_moe, invariant_gemm_kernel, varlen_attention_kernel
+
+ALIGNED = {"tt.divisibility": 16}
+
+
+def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps: int, stages: int) -> dict:
+    names = list(signature)
+    attrs = {(names.index(name),): [list(ALIGNED.items())[0]] for name in aligned}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    ptx = kernel.asm["ptx"]
+    return {"stores": len(re.findall(r"\bst\.global", ptx)), "stores_16b": len(re.findall(r"\bst\.global\S*\.v(4\.b32|8)", ptx)),
+            "async_copies": len(re.findall(r"\bcp\.async\.", ptx)), "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
+            "shared_bytes": kernel.metadata.shared}
+
+
+_, gate_up, down = fused_moe._get_kernels()
+MOE_INTS = ["n_pairs", "hidden", "inter", "stride_we", "stride_wn"]
+down_sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
+            "weights_ptr": "*fp32", "n_pairs": "i32", "hidden": "i32", "inter": "i32", "stride_h": "i32",
+            "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", "BM": "constexpr", "BN": "constexpr",
+            "BK": "constexpr", "EVEN_K": "constexpr"}
+gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
+               "n_pairs": "i32", "top_k": "i32", "hidden": "i32", "inter": "i32", "stride_x": "i32", "stride_we": "i32",
+               "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
+               "EVEN_K": "constexpr"}
+pointers = lambda sig: [name for name, kind in sig.items() if kind.startswith("*")]  # noqa: E731
+report = {}
+# 0220's decode launch (16-row blocks, 32 x 128 tiles) and 0390's large-step launch (128-row blocks)
+for label, bm, (bn, bk, warps, stages) in (("decode", fused_moe.BLOCK_M, fused_moe.DECODE_TILES[0]),
+                                           ("large", 128, (128, 64, 8, 3))):
+    report[f"moe_gate_up_{label}"] = compile_for_sm90(
+        gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
+        pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages)
+    report[f"moe_down_{label}"] = compile_for_sm90(
+        down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
+        pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages)
+# 0380's GEMM, one chunk, a prompt's tile (its strides as F.linear lays out a weight: K contiguous)
+gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+            "K": "i32", "CHUNK_K": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bk": "constexpr",
+            "stride_bn": "i32", "stride_om": "i32", "stride_on": "constexpr", "HAS_BIAS": "constexpr",
+            "CHUNKED": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+            "GROUP_M": "constexpr", "PRECISION": "constexpr"}
+report["invariant_gemm_prompt"] = compile_for_sm90(
+    invariant_gemm_kernel.pb_gemm, gemm_sig,
+    {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
+     "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"},
+    pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3)
+# 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide)
+attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "cu_q_ptr": "*i32",
+            "cu_k_ptr": "*i32", "block_end_ptr": "*i32", "sequences": "i32", "scale": "fp32", "stride_qt": "i32",
+            "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
+            "stride_ot": "i32", "stride_oh": "i32", "GROUPS": "constexpr", "HEAD_DIM": "constexpr",
+            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr"}
+report["varlen_attention_prompt"] = compile_for_sm90(
+    varlen_attention_kernel.pb_varlen_attention, attn_sig,
+    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16},
+    pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3)
+print(json.dumps(report))
