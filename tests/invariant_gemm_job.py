@@ -59,18 +59,24 @@ def rows_alone_vs_batched() -> dict:
 
 
 def router() -> dict:
-    """A router's float32 logits from half-precision operands: against float64, a row alone and
-    among others, and torch's float32 product while the knob's registration is not in force."""
+    """A router's float32 logits from half-precision operands: against float64, and a row alone
+    against the same row among others, with the chunks as programs and in one program."""
     gen = torch.Generator().manual_seed(4)
     w = (torch.randn((128, 512), generator=gen) * 0.05).half()
     x = torch.randn((70, 512), generator=gen).half()
     logits = invariant_gemm.router_logits(x, w)
     want = x.double() @ w.double().t()
     alone = invariant_gemm.router_logits(x[:1], w)
-    return {"chunks": -(-512 // invariant_gemm.chunk_k(128, 512)), "dtype": str(logits.dtype),
-            "worst_abs": (logits.double() - want).abs().max().item(),
-            "alone_equal": {str(m): bool(torch.equal(invariant_gemm.router_logits(x[:m], w)[0], alone[0]))
-                            for m in (2, 16, 70)}}
+    out = {"chunks": -(-512 // invariant_gemm.chunk_k(128, 512)), "dtype": str(logits.dtype),
+           "worst_abs": (logits.double() - want).abs().max().item()}
+    for label, max_rows in (("alone_equal", invariant_gemm.CHUNK_MAX_ROWS), ("alone_equal_one_program", 0)):
+        saved, invariant_gemm.CHUNK_MAX_ROWS = invariant_gemm.CHUNK_MAX_ROWS, max_rows
+        try:
+            out[label] = {str(m): bool(torch.equal(invariant_gemm.router_logits(x[:m], w)[0], alone[0]))
+                          for m in (2, 16, 70)}
+        finally:
+            invariant_gemm.CHUNK_MAX_ROWS = saved
+    return out
 
 
 def registered() -> dict:

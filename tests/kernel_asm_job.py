@@ -16,12 +16,12 @@ from triton.compiler import ASTSource
 
 from transformers._pb import fused_moe, invariant_gemm_kernel, varlen_attention_kernel
 
-ALIGNED = {"tt.divisibility": 16}
+ALIGNED = ["tt.divisibility", 16]  # what the launcher tells the compiler of a 16-byte aligned argument
 
 
 def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps: int, stages: int) -> dict:
     names = list(signature)
-    attrs = {(names.index(name),): [list(ALIGNED.items())[0]] for name in aligned}
+    attrs = {(names.index(name),): [ALIGNED] for name in aligned}
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     ptx = kernel.asm["ptx"]

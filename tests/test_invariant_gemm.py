@@ -52,6 +52,7 @@ def test_router_logits_sum_half_precision_operands_in_float32_the_same_alone_and
     assert router["dtype"] == "torch.float32"
     assert router["worst_abs"] < 1e-4  # float32 sums of exact products; the operands are exact in float64 too
     assert all(router["alone_equal"].values()), router
+    assert all(router["alone_equal_one_program"].values()), router
 
 
 def test_restore_gives_torchs_own_product_back(on):
