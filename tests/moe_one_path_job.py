@@ -41,21 +41,23 @@ with torch.no_grad():
         for n in (2, 63, 64, 65, 100, 200)}
 
     # the combine: each token's rows added k = 0, 1, ... in float32
+    def ordered_sum(rows):  # [tokens, top_k, hidden]
+        total = rows[:, 0].clone()
+        for k in range(1, rows.shape[1]):
+            total += rows[:, k]
+        return total
+
     y = torch.randn(7 * 8, 300)
-    want = y.view(7, 8, 300)[:, 0].clone()
-    for k in range(1, 8):
-        want += y.view(7, 8, 300)[:, k]
-    report["combine_is_ordered_sum"] = bool(torch.equal(moe_one_path.combine(y, 7, 8), want))
-    report["combine_no_tokens"] = list(moe_one_path.combine(y[:0], 0, 8).shape)
     routed = torch.stack([torch.randperm(16)[:8] for _ in range(7)])
+    report["combine_is_ordered_sum"] = bool(torch.equal(moe_one_path.combine(y, routed, 16),
+                                                        ordered_sum(y.view(7, 8, 300))))
+    report["combine_no_tokens"] = list(moe_one_path.combine(y[:0], routed[:0], 16).shape)
     routed[2, 5], routed[4, 0] = 16, -1  # masked pairs: their rows hold garbage, and are skipped
     skipped = y.view(7, 8, 300).clone()
     skipped[2, 5], skipped[4, 0] = 0, 0
-    want = skipped[:, 0].clone()
-    for k in range(1, 8):
-        want += skipped[:, k]
+    want = ordered_sum(skipped)
     y[2 * 8 + 5], y[4 * 8] = float("nan"), float("inf")
-    report["combine_skips_masked_rows"] = bool(torch.equal(moe_one_path.combine(y, 7, 8, routed, 16), want))
+    report["combine_skips_masked_rows"] = bool(torch.equal(moe_one_path.combine(y, routed, 16), want))
 
     # the same first token with the knob off: above 64 tokens the step is grouped_mm's
     moe_one_path.restore()
