@@ -8,6 +8,7 @@ one JSON line.
 The interpreter's bfloat16 dot is wrong in the Triton this machine has (it returns garbage for a
 plain product), so the products here are float32 and float16; the GPU test runs bfloat16."""
 
+import contextlib
 import json
 import random
 import sys
@@ -37,6 +38,20 @@ def random_products(count: int = 30) -> dict:
     return {"cases": count, "worst_relative": worst}
 
 
+# the kernel's two paths: chunks as programs up to CHUNK_MAX_ROWS rows, and (with 0) one program a tile
+BOTH_PATHS = (("chunk_programs", invariant_gemm.CHUNK_MAX_ROWS), ("one_program_a_tile", 0))
+
+
+@contextlib.contextmanager
+def chunk_max_rows(rows: int):
+    """invariant_gemm.CHUNK_MAX_ROWS set to `rows` for the block, then restored."""
+    saved, invariant_gemm.CHUNK_MAX_ROWS = invariant_gemm.CHUNK_MAX_ROWS, rows
+    try:
+        yield
+    finally:
+        invariant_gemm.CHUNK_MAX_ROWS = saved
+
+
 def rows_alone_vs_batched() -> dict:
     """The first row of an M-row product against the same row alone, on the chunked path (few
     rows) and on the one-program path (forced by a smaller program target)."""
@@ -47,14 +62,11 @@ def rows_alone_vs_batched() -> dict:
     x = torch.randn((130, k), generator=gen)
     alone = invariant_gemm.gemm(x[:1], w.t(), bias)
     out = {"chunks": -(-k // invariant_gemm.chunk_k(n, k))}
-    for label, max_rows in (("chunk_programs", invariant_gemm.CHUNK_MAX_ROWS), ("one_program_a_tile", 0)):
-        saved, invariant_gemm.CHUNK_MAX_ROWS = invariant_gemm.CHUNK_MAX_ROWS, max_rows
-        try:
+    # the chunk length is the weight's: the same on both paths, so both sum alike
+    for label, max_rows in BOTH_PATHS:
+        with chunk_max_rows(max_rows):
             out[label] = {str(m): bool(torch.equal(invariant_gemm.gemm(x[:m], w.t(), bias)[0], alone[0]))
                           for m in (1, 2, 7, 64, 65, 130)}
-        finally:
-            invariant_gemm.CHUNK_MAX_ROWS = saved
-    # the chunk length is the weight's: the same on both paths, so both sum alike
     return out
 
 
@@ -69,13 +81,10 @@ def router() -> dict:
     alone = invariant_gemm.router_logits(x[:1], w)
     out = {"chunks": -(-512 // invariant_gemm.chunk_k(128, 512)), "dtype": str(logits.dtype),
            "worst_abs": (logits.double() - want).abs().max().item()}
-    for label, max_rows in (("alone_equal", invariant_gemm.CHUNK_MAX_ROWS), ("alone_equal_one_program", 0)):
-        saved, invariant_gemm.CHUNK_MAX_ROWS = invariant_gemm.CHUNK_MAX_ROWS, max_rows
-        try:
+    for (_, max_rows), label in zip(BOTH_PATHS, ("alone_equal", "alone_equal_one_program")):
+        with chunk_max_rows(max_rows):
             out[label] = {str(m): bool(torch.equal(invariant_gemm.router_logits(x[:m], w)[0], alone[0]))
                           for m in (2, 16, 70)}
-        finally:
-            invariant_gemm.CHUNK_MAX_ROWS = saved
     return out
 
 

@@ -19,6 +19,10 @@ from transformers._pb import fused_moe, invariant_gemm_kernel, varlen_attention_
 ALIGNED = ["tt.divisibility", 16]  # what the launcher tells the compiler of a 16-byte aligned argument
 
 
+def pointers(signature: dict) -> list:
+    return [name for name, kind in signature.items() if kind.startswith("*")]
+
+
 def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps: int, stages: int) -> dict:
     names = list(signature)
     attrs = {(names.index(name),): [ALIGNED] for name in aligned}
@@ -40,7 +44,6 @@ gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr":
                "n_pairs": "i32", "top_k": "i32", "hidden": "i32", "inter": "i32", "stride_x": "i32", "stride_we": "i32",
                "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
                "EVEN_K": "constexpr"}
-pointers = lambda sig: [name for name, kind in sig.items() if kind.startswith("*")]  # noqa: E731
 report = {}
 # 0220's decode launch (16-row blocks, 32 x 128 tiles) and 0390's large-step launch (128-row blocks)
 for label, bm, (bn, bk, warps, stages) in (("decode", fused_moe.BLOCK_M, fused_moe.DECODE_TILES[0]),
