@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from transformers._pb import fused_moe, invariant_gemm_kernel, varlen_attention_kernel
+from transformers._pb import fused_moe, invariant_gemm_kernel, moe_one_path, varlen_attention_kernel
 
 ALIGNED = ["tt.divisibility", 16]  # what the launcher tells the compiler of a 16-byte aligned argument
 
@@ -23,7 +23,9 @@ def pointers(signature: dict) -> list:
     return [name for name, kind in signature.items() if kind.startswith("*")]
 
 
-def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps: int, stages: int) -> dict:
+def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps: int, stages: int,
+                     out_tile: tuple[int, int]) -> dict:
+    """The counts for one kernel at one launch; out_tile: the [rows, columns] a program stores."""
     names = list(signature)
     attrs = {(names.index(name),): [ALIGNED] for name in aligned}
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -31,7 +33,7 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps
     ptx = kernel.asm["ptx"]
     return {"stores": len(re.findall(r"\bst\.global", ptx)), "stores_16b": len(re.findall(r"\bst\.global\S*\.v(4\.b32|8)", ptx)),
             "async_copies": len(re.findall(r"\bcp\.async\.", ptx)), "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
-            "shared_bytes": kernel.metadata.shared}
+            "shared_bytes": kernel.metadata.shared, "values_a_thread": out_tile[0] * out_tile[1] // (32 * warps)}
 
 
 _, gate_up, down = fused_moe._get_kernels()
@@ -45,15 +47,19 @@ gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr":
                "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
                "EVEN_K": "constexpr"}
 report = {}
-# 0220's decode launch (16-row blocks, 32 x 128 tiles) and 0390's large-step launch (128-row blocks)
-for label, bm, (bn, bk, warps, stages) in (("decode", fused_moe.BLOCK_M, fused_moe.DECODE_TILES[0]),
-                                           ("large", 128, (128, 64, 8, 3))):
+# 0220's decode launch (16-row blocks) and 0390's large-step launch (128-row blocks), each kernel at
+# the tile the engine gives it
+for label, bm, gu_tiles, down_tiles in (("decode", fused_moe.BLOCK_M, *fused_moe.DECODE_TILES),
+                                        ("large", moe_one_path.BLOCK_M, moe_one_path.GATE_UP_TILES,
+                                         moe_one_path.DOWN_TILES)):
+    bn, bk, warps, stages = gu_tiles
     report[f"moe_gate_up_{label}"] = compile_for_sm90(
         gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
-        pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages)
+        pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
+    bn, bk, warps, stages = down_tiles
     report[f"moe_down_{label}"] = compile_for_sm90(
         down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
-        pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages)
+        pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
 # 0380's GEMM, one chunk, a prompt's tile (its strides as F.linear lays out a weight: K contiguous)
 gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
             "K": "i32", "CHUNK_K": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bk": "constexpr",
@@ -64,7 +70,7 @@ report["invariant_gemm_prompt"] = compile_for_sm90(
     invariant_gemm_kernel.pb_gemm, gemm_sig,
     {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
      "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"},
-    pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3)
+    pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3, (128, 128))
 # 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide)
 attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "cu_q_ptr": "*i32",
             "cu_k_ptr": "*i32", "block_end_ptr": "*i32", "sequences": "i32", "scale": "fp32", "stride_qt": "i32",
@@ -74,5 +80,5 @@ attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*b
 report["varlen_attention_prompt"] = compile_for_sm90(
     varlen_attention_kernel.pb_varlen_attention, attn_sig,
     {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16},
-    pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3)
+    pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
 print(json.dumps(report))
