@@ -219,10 +219,12 @@ def varlen_step(seqs, generator):
     return q, k, v, cu_q, cu_k, kwargs
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["0370", "0400"])
 @pytest.mark.parametrize("seqs", [[(0, 8192)], [(8000, 1)] * 32, [(4000, 1)] * 7 + [(0, 3000)], [(300, 700), (0, 1)]])
-def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(seqs):
-    """0370 against upstream's masked sdpa (float32 reference of the same bf16 inputs), and the
-    first sequence's rows alone against the same rows in the whole step."""
+def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(seqs, fast):
+    """0370 (and with 0400's TMA loads and FMA softmax) against upstream's masked sdpa (float32
+    reference of the same bf16 inputs), and the first sequence's rows alone against the same rows
+    in the whole step."""
     from types import SimpleNamespace
 
     from transformers._pb import varlen_attention
@@ -231,8 +233,10 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
     gen = torch.Generator(device="cuda").manual_seed(len(seqs))
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
     module = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
-    varlen_attention.ENABLED = True
+    varlen_attention.ENABLED, varlen_attention.FAST = True, fast
     try:
+        if fast:  # the step's keys and values as the cache lays them out can be read through TMA
+            assert varlen_attention._descriptors(k, v) is not None
         got = varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)
         mask = torch.full((1, 1, q.shape[2], k.shape[2]), float("-inf"), device="cuda")
         build_attention_mask(mask, cu_q, cu_k)
@@ -249,7 +253,7 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
         assert torch.equal(alone, got[:, : first[1]])
         assert torch.equal(in_graph(lambda: varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)), got)
     finally:
-        varlen_attention.ENABLED = False
+        varlen_attention.restore()
 
 
 # air12's dense products at TP=1: (out features, in features, bias, dtype)

@@ -1,9 +1,10 @@
 """0370 PB_VARLEN_ATTENTION: the batching loop's attention as one Triton kernel over each
 sequence's own keys, under Triton's CPU interpreter.
 
-Its speed and bits on a GPU are not yet measured; here the kernel is checked against upstream's
-masked sdpa (float32), for the batch independence it is built for, and through the tiny model's
-batching loop."""
+Here the kernel is checked against upstream's masked sdpa (float32), for the batch independence
+it is built for, and through the tiny model's batching loop; each check runs for 0370's kernel and
+with 0400's PB_VARLEN_FAST (keys and values through TMA descriptors, the softmax's FMA form).
+On the GPU: tests/test_kernels_gpu.py."""
 
 import pytest
 
@@ -12,10 +13,13 @@ from .conftest import engine_job
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def on(patched_engine, tiny_model):
-    return engine_job("varlen_attention_job.py", patched_engine, tiny_model, timeout=900, TRITON_INTERPRET="1",
-                      PB_VARLEN_ATTENTION="1")
+@pytest.fixture(scope="module", params=["0370", "0400"])
+def on(request, patched_engine, tiny_model):
+    fast = {"PB_VARLEN_FAST": "1"} if request.param == "0400" else {}
+    report = engine_job("varlen_attention_job.py", patched_engine, tiny_model, timeout=900, TRITON_INTERPRET="1",
+                        PB_VARLEN_ATTENTION="1", **fast)
+    assert report["fast"] is bool(fast) and report["descriptors"] is bool(fast), report
+    return report
 
 
 def test_kernel_equals_upstreams_masked_sdpa_on_random_steps(on):

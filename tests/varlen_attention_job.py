@@ -1,7 +1,8 @@
 """Run by tests/test_varlen_attention.py under Triton's CPU interpreter (TRITON_INTERPRET=1) with
-the patched engine first on PYTHONPATH and PB_VARLEN_ATTENTION=1: 0370's kernel against upstream's
-masked sdpa on random steps, a sequence alone against the same sequence among others, and the
-tiny model's greedy replies through the batching loop. Prints one JSON line."""
+the patched engine first on PYTHONPATH and PB_VARLEN_ATTENTION=1 (PB_VARLEN_FAST=1 for 0400's
+prompt blocks): 0370's kernel against upstream's masked sdpa on random steps, a sequence alone
+against the same sequence among others, and the tiny model's greedy replies through the batching
+loop. Prints one JSON line."""
 
 import json
 import random
@@ -103,7 +104,10 @@ def tiny_replies(model_dir: str) -> dict:
 
 
 varlen_attention.at_load()
-report = {"enabled": varlen_attention.ENABLED, "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
+probe = step([(3, 5)], 0, 0, torch.Generator().manual_seed(2))
+report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
+          "descriptors": varlen_attention.FAST and varlen_attention._descriptors(probe[1], probe[2]) is not None,
+          "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
           "decode_alone_vs_batched": alone_vs_batched(150, 1)}
 if len(sys.argv) > 1:
     report["tiny"] = tiny_replies(sys.argv[1])
