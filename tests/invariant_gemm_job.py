@@ -121,6 +121,68 @@ def registered() -> dict:
                                                  b.expand(2, 24)))}
 
 
+def tma() -> dict:
+    """0410: prompt-sized products through TMA descriptors against the pointer path (same tiles:
+    the interpreter's bits follow the tile), the steps that keep the pointer path, and a row
+    alone against the same row among others with the one-program path reading through TMA."""
+    gen = torch.Generator().manual_seed(5)
+    built = []
+    real = invariant_gemm._descriptors
+
+    def counted(*args):
+        found = real(*args)
+        built.append(found is not None)
+        return found
+
+    cases = {"one chunk, bias": (300, 200, 640, True), "narrow, 16 chunks": (300, 40, 1024, False),
+             "chunked, K off 64, bias": (260, 300, 1000, True)}
+    out = {}
+    invariant_gemm._descriptors = counted
+    try:
+        for label, (m, n, k, has_bias) in cases.items():
+            x = torch.randn((m, k), generator=gen).half()
+            w = (torch.randn((n, k), generator=gen) * 0.05).half()
+            bias = torch.randn((n,), generator=gen).half() if has_bias else None
+            invariant_gemm.TMA = True
+            got = invariant_gemm.gemm(x, w.t(), bias)
+            invariant_gemm.TMA = False
+            out[label] = {"chunks": -(-k // invariant_gemm.chunk_k(n, k)), "tma": built[-1] if built else None,
+                          "equal": bool(torch.equal(got, invariant_gemm.gemm(x, w.t(), bias)))}
+            built.clear()
+        w = (torch.randn((128, 512), generator=gen) * 0.05).half()
+        x = torch.randn((300, 513), generator=gen).half()
+        invariant_gemm.TMA = True
+        router = invariant_gemm.router_logits(x[:, :512], w)  # rows 1,026 bytes apart: off 16 bytes
+        router_built = list(built)
+        built.clear()
+        small = invariant_gemm.gemm(x[:200, :512].contiguous(), w.t())  # decode-sized: the pointer path
+        small_built = list(built)
+        built.clear()
+        aligned = invariant_gemm.router_logits(x[:, :512].contiguous(), w)
+        aligned_built = list(built)
+        # a row alone (chunks as programs, pointer loads) and among 2 ... 300 rows through TMA
+        w_rows = (torch.randn((300, 1000), generator=gen) * 0.05).half()
+        x_rows = torch.randn((300, 1000), generator=gen).half()
+        built.clear()
+        alone = invariant_gemm.gemm(x_rows[:1], w_rows.t())
+        rows = {"300": bool(torch.equal(invariant_gemm.gemm(x_rows, w_rows.t())[0], alone[0]))}
+        with chunk_max_rows(0):
+            rows.update({str(m): bool(torch.equal(invariant_gemm.gemm(x_rows[:m], w_rows.t())[0], alone[0]))
+                         for m in (2, 65, 130)})
+        rows["tma"] = list(built)
+        invariant_gemm.TMA = False
+        out["router"] = {"dtype": str(aligned.dtype), "tma": aligned_built,
+                         "equal": bool(torch.equal(aligned, invariant_gemm.router_logits(x[:, :512].contiguous(), w))),
+                         "unaligned_tma": router_built, "unaligned_equal": bool(torch.equal(router, aligned))}
+        out["small_rows"] = {"descriptors_asked": small_built,
+                             "equal": bool(torch.equal(small, invariant_gemm.gemm(x[:200, :512].contiguous(), w.t())))}
+        out["rows"] = rows
+    finally:
+        invariant_gemm._descriptors = real
+        invariant_gemm.TMA = False
+    return out
+
+
 def tiny_logprobs(model_dir: str) -> dict:
     """The tiny model's greedy tokens and their log probabilities through the batching loop, each
     prompt alone and all prompts together."""
@@ -152,8 +214,10 @@ gen = torch.Generator().manual_seed(3)
 x, w = torch.randn((9, 33), generator=gen), torch.randn((33, 17), generator=gen)
 before = torch.mm(x, w)
 invariant_gemm.at_load()
-report = {"registered_at_load": invariant_gemm._library is not None, "random": random_products(),
-          "rows": rows_alone_vs_batched(), "torch_ops": registered(), "router": router()}
+tma_at_load, invariant_gemm.TMA = invariant_gemm.TMA, False  # 0410 is checked on its own below
+report = {"registered_at_load": invariant_gemm._library is not None, "tma_at_load": tma_at_load,
+          "random": random_products(), "rows": rows_alone_vs_batched(), "torch_ops": registered(), "router": router(),
+          "tma": tma()}
 if len(sys.argv) > 1:
     from transformers._pb import varlen_attention
 

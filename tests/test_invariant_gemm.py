@@ -17,7 +17,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def on(patched_engine, tiny_model):
     return engine_job("invariant_gemm_job.py", patched_engine, tiny_model, timeout=1200, TRITON_INTERPRET="1",
-                      PB_INVARIANT_GEMM="1", PB_VARLEN_ATTENTION="1")
+                      PB_INVARIANT_GEMM="1", PB_GEMM_TMA="1", PB_VARLEN_ATTENTION="1")
 
 
 def test_products_match_float64_on_random_shapes(on):
@@ -53,6 +53,21 @@ def test_router_logits_sum_half_precision_operands_in_float32_the_same_alone_and
     assert router["worst_abs"] < 1e-4  # float32 sums of exact products; the operands are exact in float64 too
     assert all(router["alone_equal"].values()), router
     assert all(router["alone_equal_one_program"].values()), router
+
+
+def test_tma_reads_give_the_pointer_paths_bits_where_the_operands_allow(on):
+    tma = on["tma"]
+    assert on["tma_at_load"] is True
+    for label in ("one chunk, bias", "narrow, 16 chunks", "chunked, K off 64, bias"):
+        assert tma[label]["tma"] is True and tma[label]["equal"] is True, (label, tma[label])
+    assert tma["narrow, 16 chunks"]["chunks"] == 16 and tma["chunked, K off 64, bias"]["chunks"] > 1
+    # the router's float32 logits from half operands through TMA; rows 1,026 bytes apart cannot be
+    # read by TMA and take the pointer path, with the same bits
+    assert tma["router"] == {"dtype": "torch.float32", "tma": [True], "equal": True, "unaligned_tma": [False],
+                             "unaligned_equal": True}
+    assert tma["small_rows"] == {"descriptors_asked": [], "equal": True}  # 200 rows: a decode-sized step
+    # a half-precision row alone (chunks as programs) against the same row among 2 ... 300 rows read through TMA
+    assert tma["rows"] == {"300": True, "2": True, "65": True, "130": True, "tma": [True] * 4}, tma["rows"]
 
 
 def test_restore_gives_torchs_own_product_back(on):
