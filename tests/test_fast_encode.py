@@ -1,4 +1,6 @@
-"""0360 PB_FAST_ENCODE: the tokenizer's encode without offsets, on the tiny model's tokenizer.
+"""0360 PB_FAST_ENCODE: the tokenizer's encode without offsets, on the tiny model's tokenizer
+(and with 0420 PB_SPLIT_ENCODE, long texts tokenized as pieces; tests/test_split_encode.py has
+the cuts on their own).
 
 The ids, masks and type ids must be upstream's for every way the server and library users
 call the tokenizer; offsets, when asked for, still come; and the character mappings of an
@@ -21,10 +23,23 @@ def on(patched_engine, tiny_model):
     return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300, PB_FAST_ENCODE="1")
 
 
-def test_ids_and_masks_equal_upstreams_every_way_the_tokenizer_is_called(off, on):
+@pytest.fixture(scope="module")
+def split(patched_engine, tiny_model):
+    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300, PB_FAST_ENCODE="1",
+                      PB_SPLIT_ENCODE="1")
+
+
+def test_ids_and_masks_equal_upstreams_every_way_the_tokenizer_is_called(off, on, split):
     assert on["calls"] == off["calls"]
+    assert split["calls"] == off["calls"]
     assert on["chat_tokens"] == off["chat_tokens"] > 3000  # the chat template's long prompt
     assert len(set(map(tuple, off["calls"]["single"]))) == len(off["calls"]["single"])  # the texts differ
+
+
+def test_split_encode_takes_the_long_texts_and_only_those(off, on, split):
+    assert off["split_texts"] == [] and on["split_texts"] == []  # the knob off: one call each
+    # the long text three times, and the chat template's prompt that holds it; nothing shorter
+    assert len(split["split_texts"]) == 4 and min(split["split_texts"]) >= 8192, split["split_texts"]
 
 
 def test_offsets_still_come_when_asked_for(off, on):

@@ -1,0 +1,132 @@
+"""0420 PB_SPLIT_ENCODE: a long text tokenized as pieces cut at newlines between two non-space
+characters gives the ids, masks and special tokens of one call.
+
+Compared here on varied texts (the standard library's sources, whitespace runs, digits, CRLF,
+tabs, non-Latin scripts, special tokens written in the text) with the synthetic tokenizer and
+with byte-level BPEs whose words come from expressions of the kind GLM's and Llama 3's
+tokenizers use, each with a post-processor that adds special tokens. Tokenizers a cut could
+change are refused."""
+
+import random
+import sysconfig
+from pathlib import Path
+
+import pytest
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from .conftest import engine_module
+
+pytestmark = pytest.mark.engine
+
+# words as GLM's and Llama 3's tokenizers cut them: letters with one leading non-letter, digits in
+# threes, punctuation with its trailing newlines, newline runs, other whitespace
+WORDS_WIDE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+WORDS_ONE_DIGIT = WORDS_WIDE.replace(r"\p{N}{1,3}", r"\p{N}")  # Qwen's digits, one at a time
+
+
+def corpus() -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [(root / name).read_text(encoding="utf-8") for name in ("json/decoder.py", "textwrap.py", "bisect.py")]
+
+
+def trained(pre, normalizer=None, added=()) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=2000, show_progress=False,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens(["[gMASK]", "<sop>", "<|user|>", *added])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[gMASK] <sop> $A", pair="[gMASK] <sop> $A $B",
+        special_tokens=[("[gMASK]", tok.token_to_id("[gMASK]")), ("<sop>", tok.token_to_id("<sop>"))])
+    return tok
+
+
+def glm_like(words=WORDS_WIDE, **kwargs) -> Tokenizer:
+    return trained(pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(words), behavior="isolated"),
+                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+                   **kwargs)
+
+
+def texts() -> list[str]:
+    """Long texts of many kinds, each well past the length where cuts start."""
+    rng = random.Random(0)
+    sources = corpus()
+    pieces = ["x = 1234567 + 89\n", "\r\n", "\n\n\n", "\t\tindent\n", "  trailing  \n", "Ünïcödé ✓ 😀\n",
+              "日本語のテキスト\n", "Привет, мир!\n", "<|user|>\nhello", "don't\nwon't\n", "3.14159\n2.71828\n",
+              "a\nb\nc\n", ".\n.\n", "word\n  spaced\n", "(\n)\n", "'s\n'll\n"]
+    out = ["".join(sources)[:30000], "\n".join(sources)]
+    for _ in range(6):
+        out.append("".join(rng.choice(pieces + sources[:1] * 2) if rng.random() < 0.05 else rng.choice(pieces)
+                           for _ in range(900)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def split(patched_engine):
+    module = engine_module(patched_engine, "split_encode")
+    module.knobs.get = lambda name: name == "PB_SPLIT_ENCODE"  # the knob on, read by this module only
+    saved = module.PIECES, module.MIN_CHARS, module.PIECE_CHARS
+    module.PIECES, module.MIN_CHARS, module.PIECE_CHARS = 8, 4096, 512  # many cuts a text
+    yield module
+    module.PIECES, module.MIN_CHARS, module.PIECE_CHARS = saved
+
+
+TOKENIZERS = {
+    "synthetic (GPT-2's byte level)": lambda: __import__("patchbay.synth", fromlist=["x"]).build_tokenizer()
+    .backend_tokenizer,
+    "GLM-like, digits in threes": glm_like,
+    "Qwen-like, one digit": lambda: glm_like(WORDS_ONE_DIGIT),
+    "GLM-like under NFC": lambda: glm_like(normalizer=normalizers.NFC()),
+}
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_pieces_give_one_calls_ids_and_masks(split, name):
+    backend = TOKENIZERS[name]()
+    assert split.splittable(backend)
+    for text in texts():
+        assert len(split.cuts(text, 8)) >= 2  # really cut (indented code has few places to cut)
+        for specials in (True, False):
+            got = split.encode(backend, [text], specials, False)
+            want = backend.encode_batch_fast([text], add_special_tokens=specials)[0]
+            assert got is not None and len(got) == 1
+            assert got[0].ids == want.ids, (name, specials, text[:80])
+            assert got[0].type_ids == want.type_ids and got[0].attention_mask == want.attention_mask
+            assert got[0].special_tokens_mask == want.special_tokens_mask
+
+
+def test_tokenizers_a_cut_could_change_keep_one_call(split):
+    text = texts()[0]
+    refused = {
+        "a prefix space": trained(pre_tokenizers.ByteLevel(add_prefix_space=True)),
+        "a metaspace": trained(pre_tokenizers.Metaspace()),
+        "lowercasing": trained(pre_tokenizers.ByteLevel(add_prefix_space=False), normalizer=normalizers.Lowercase()),
+        "an added token that strips": trained(pre_tokenizers.ByteLevel(add_prefix_space=False),
+                                              added=[AddedToken("<mask>", lstrip=True)]),
+        "an added newline token": trained(pre_tokenizers.ByteLevel(add_prefix_space=False), added=["\n\n"]),
+        "a lookbehind": glm_like(r"(?<=x)y|" + WORDS_WIDE),
+    }
+    truncating = glm_like()
+    truncating.enable_truncation(100)
+    refused["truncation set"] = truncating
+    for label, backend in refused.items():
+        assert not split.splittable(backend), label
+        assert split.encode(backend, [text], True, False) is None, label
+
+
+def test_short_texts_batches_pairs_and_the_knob_off_keep_one_call(split):
+    backend = glm_like()
+    long = texts()[0]
+    assert split.encode(backend, [long[:4000]], True, False) is None  # under MIN_CHARS
+    assert split.encode(backend, [long, long], True, False) is None  # a batch: the library spreads it already
+    assert split.encode(backend, [(long, long)], True, False) is None  # a pair
+    assert split.encode(backend, [long.split()], True, True) is None  # pre-tokenized words
+    assert split.encode(backend, ["x" * 20000], True, False) is None  # nowhere to cut
+    split.knobs.get = lambda name: False
+    try:
+        assert split.encode(backend, [long], True, False) is None
+    finally:
+        split.knobs.get = lambda name: name == "PB_SPLIT_ENCODE"
