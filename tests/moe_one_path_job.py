@@ -2,7 +2,8 @@
 patched engine first on PYTHONPATH and PB_MOE_ONE_PATH=1 (PB_VARLEN_ATTENTION=1 and
 PB_INVARIANT_GEMM=1 for the tiny model): 0390's large steps against upstream's eager experts, a
 token's bits alone and among steps of every size, the ordered combine, and the tiny model's log
-probabilities alone and batched with all three knobs. Prints one JSON line. Float32 throughout (the
+probabilities alone and batched with all three knobs; with PB_MOE_TMA=1, 0430's weight reads
+through TMA against the pointer path in float16. Prints one JSON line. Float32 elsewhere (the
 interpreter's bfloat16 dot is wrong in this machine's Triton)."""
 
 import json
@@ -65,6 +66,34 @@ with torch.no_grad():
         fused_moe.experts_forward(module, x, index, weights)[0], fused_moe.experts_forward(module, x[:1], index[:1],
                                                                                            weights[:1])[0]))
     moe_one_path.at_load()
+    report["tma_at_load"] = moe_one_path.TMA
+
+    # 0430: the large step's weights through TMA descriptors (half precision, which TMA takes)
+    half = Glm4MoeExperts(module.config).half()
+    with torch.no_grad():
+        half.gate_up_proj.copy_(module.gate_up_proj)
+        half.down_proj.copy_(module.down_proj)
+    built, real = [], moe_one_path.weight_descriptors
+
+    def counted(*args):
+        found = real(*args)
+        built.append(found is not None)
+        return found
+
+    moe_one_path.weight_descriptors = counted
+    try:
+        moe_one_path.TMA = False
+        pointer = fused_moe.experts_forward(half, x.half(), index, weights.half())
+        moe_one_path.TMA = True
+        through_tma = fused_moe.experts_forward(half, x.half(), index, weights.half())
+        small = fused_moe.experts_forward(half, x[:3].half(), index[:3], weights[:3].half())  # decode-sized
+        floats = fused_moe.experts_forward(module, x, index, weights)  # float32 weights: the pointer path
+    finally:
+        moe_one_path.weight_descriptors = real
+    report["tma"] = {"descriptors": built, "equal": bool(torch.equal(through_tma, pointer)),
+                     "max_abs_vs_eager": (through_tma.float() - module(x, index, weights)).abs().max().item(),
+                     "small_rows": list(small.shape), "float32_equal": bool(torch.equal(floats, big))}
+    moe_one_path.TMA = report["tma_at_load"]
 
 
 def tiny_logprobs(model_dir: str) -> dict:

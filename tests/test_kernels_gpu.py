@@ -259,14 +259,17 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
 # air12's dense products at TP=1: (out features, in features, bias, dtype)
 GEMMS = {"qkv fused": (14336, 4096, True, torch.bfloat16), "o_proj": (4096, 12288, False, torch.bfloat16),
          "shared gate/up": (2816, 4096, False, torch.bfloat16), "shared down": (4096, 1408, False, torch.bfloat16),
+         "dense gate/up": (21888, 4096, False, torch.bfloat16), "dense down": (4096, 10944, False, torch.bfloat16),
          "router logits": (128, 4096, False, torch.float32)}
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["0380", "0410"])
 @pytest.mark.parametrize("name", list(GEMMS))
-def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_any_rows(name):
+def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_any_rows(name, tma):
     """0380 against cuBLAS (F.linear) on the same inputs, and the first row's bits among 1 ... 8192
-    rows, on both of its paths (chunks as programs, chunks in one program) and inside a CUDA graph;
-    with the knob's registration, nn.Linear takes the kernel and restore gives cuBLAS back."""
+    rows, on both of its paths (chunks as programs, chunks in one program; with 0410 the latter
+    reads through TMA) and inside a CUDA graph; with the knob's registration, nn.Linear takes the
+    kernel and restore gives cuBLAS back."""
     import torch.nn.functional as F
 
     from transformers._pb import invariant_gemm
@@ -277,12 +280,18 @@ def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_an
     bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).to(dtype) if has_bias else None
     x = torch.randn((8192, k), generator=gen, device="cuda").to(dtype)
     alone = invariant_gemm.gemm(x[:1], w.t(), bias)
-    for rows in (1, 2, 31, 64, 65, 300, 8192):
-        got = invariant_gemm.gemm(x[:rows], w.t(), bias)
-        want = F.linear(x[:rows], w, bias)
-        scale = want.float().abs().max().item()
-        assert (got.float() - want.float()).abs().max().item() <= 2e-2 * scale, rows
-        assert torch.equal(got[0], alone[0]), rows
+    invariant_gemm.TMA = tma
+    try:
+        if tma and dtype != torch.float32:  # a prompt's rows and the weight as nn.Linear lays them out
+            assert invariant_gemm._descriptors(x, w.t(), invariant_gemm.tma_tiles(8192, n, False)) is not None
+        for rows in (1, 2, 31, 64, 65, 300, 8192):
+            got = invariant_gemm.gemm(x[:rows], w.t(), bias)
+            want = F.linear(x[:rows], w, bias)
+            scale = want.float().abs().max().item()
+            assert (got.float() - want.float()).abs().max().item() <= 2e-2 * scale, rows
+            assert torch.equal(got[0], alone[0]), rows
+    finally:
+        invariant_gemm.TMA = False
     assert torch.equal(in_graph(lambda: invariant_gemm.gemm(x[:32], w.t(), bias))[0], alone[0])
     linear = torch.nn.Linear(k, n, bias=has_bias, device="cuda", dtype=dtype)
     with torch.no_grad():
@@ -300,9 +309,11 @@ def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_an
         assert torch.equal(linear(x[:40]), cublas)
 
 
-def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_the_same_bits():
+@pytest.mark.parametrize("tma", [False, True], ids=["0380", "0410"])
+def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_the_same_bits(tma):
     """0380's router logits (air12's router: 128 experts, 4,096 wide) from the bfloat16 operands
-    with float32 sums, against cuBLAS's float32 product, and the first row among 1 ... 8192 rows."""
+    with float32 sums, against cuBLAS's float32 product, and the first row among 1 ... 8192 rows
+    (with 0410, the prompt-sized steps' operands read through TMA)."""
     import torch.nn.functional as F
 
     from transformers._pb import invariant_gemm
@@ -313,6 +324,7 @@ def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_
     want = F.linear(x.float(), w.float())  # cuBLAS, before the registration takes torch's mm
     knob, invariant_gemm.on = invariant_gemm.on, lambda: True
     invariant_gemm.at_load()
+    invariant_gemm.TMA = tma
     try:
         alone = invariant_gemm.router_logits(x[:1], w)
         for rows in (1, 2, 16, 65, 300, 8192):
@@ -326,9 +338,11 @@ def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_
         invariant_gemm.on = knob
 
 
-def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size():
+@pytest.mark.parametrize("tma", [False, True], ids=["0390", "0430"])
+def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
     """0390: 0220's kernels at GLM-4.5-Air's expert shapes for steps of 1 to 8,192 tokens, the first
-    token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm."""
+    token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm; with
+    0430 the large steps read the weights through TMA."""
     from transformers import Glm4MoeConfig
     from transformers._pb import fused_moe, moe_one_path
     from transformers.integrations.moe import grouped_mm_experts_forward
@@ -343,8 +357,11 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size():
         x = torch.randn(8192, HIDDEN, device="cuda").bfloat16()
         index = torch.rand(8192, 128, device="cuda").topk(8, dim=1).indices
         weights = torch.rand(8192, 8, device="cuda")
-        moe_one_path.ENABLED = True
+        moe_one_path.ENABLED, moe_one_path.TMA = True, tma
         try:
+            if tma:  # the experts' weights as the model holds them can be read through TMA
+                assert moe_one_path.weight_descriptors(experts.gate_up_proj, experts.down_proj, (128, 64),
+                                                       (256, 64)) is not None
             alone = fused_moe.experts_forward(experts, x[:1], index[:1], weights[:1])
             for tokens in (2, 32, 64, 65, 512, 8192):
                 got = fused_moe.experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def on(patched_engine, tiny_model):
     return engine_job("moe_one_path_job.py", patched_engine, tiny_model, timeout=1200, TRITON_INTERPRET="1",
-                      PB_MOE_ONE_PATH="1", PB_VARLEN_ATTENTION="1", PB_INVARIANT_GEMM="1")
+                      PB_MOE_ONE_PATH="1", PB_MOE_TMA="1", PB_VARLEN_ATTENTION="1", PB_INVARIANT_GEMM="1")
 
 
 def test_large_steps_run_the_fused_kernels_close_to_the_eager_experts(on):
@@ -28,6 +28,16 @@ def test_the_combine_adds_a_tokens_rows_in_order(on):
     assert on["combine_no_tokens"] == [0, 300]
     # the experts leave masked pairs' rows unwritten (not zeroed): the combine must not read them
     assert on["combine_skips_masked_rows"] is True
+
+
+def test_0430_reads_the_large_steps_weights_through_tma_with_the_pointer_paths_bits(on):
+    tma = on["tma"]
+    assert on["tma_at_load"] is True
+    # the large step with TMA off (no descriptors asked), then on (built); the decode-sized step and
+    # the float32 experts ask for none or take the pointer path
+    assert tma["descriptors"] == [True, False], tma
+    assert tma["equal"] is True and tma["max_abs_vs_eager"] < 5e-3, tma
+    assert tma["small_rows"] == [3, 64] and tma["float32_equal"] is True
 
 
 def test_with_the_knob_off_large_steps_are_grouped_mms_and_the_bits_move(on):
