@@ -41,11 +41,11 @@ MOE_INTS = ["n_pairs", "hidden", "inter", "stride_we", "stride_wn"]
 down_sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
             "weights_ptr": "*fp32", "n_pairs": "i32", "hidden": "i32", "inter": "i32", "stride_h": "i32",
             "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", "BM": "constexpr", "BN": "constexpr",
-            "BK": "constexpr", "EVEN_K": "constexpr"}
+            "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr"}
 gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
                "n_pairs": "i32", "top_k": "i32", "hidden": "i32", "inter": "i32", "stride_x": "i32", "stride_we": "i32",
                "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
-               "EVEN_K": "constexpr"}
+               "EVEN_K": "constexpr", "W_TMA": "constexpr"}
 report = {}
 # 0220's decode launch (16-row blocks) and 0390's large-step launch (128-row blocks), each kernel at
 # the tile the engine gives it
@@ -54,11 +54,11 @@ for label, bm, gu_tiles, down_tiles in (("decode", fused_moe.BLOCK_M, *fused_moe
                                          moe_one_path.DOWN_TILES)):
     bn, bk, warps, stages = gu_tiles
     report[f"moe_gate_up_{label}"] = compile_for_sm90(
-        gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
+        gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
         pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
     bn, bk, warps, stages = down_tiles
     report[f"moe_down_{label}"] = compile_for_sm90(
-        down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True},
+        down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
         pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
 # 0380's GEMM, one chunk, a prompt's tile (its strides as F.linear lays out a weight: K contiguous)
 gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
