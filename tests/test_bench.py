@@ -53,6 +53,16 @@ def test_paired_ratio_pairs_by_rep_and_skips_missing():
     assert out["ci95"][0] == pytest.approx(1.1) and out["ci95"][1] == pytest.approx(1.2)
 
 
+def test_order_balanced_ratio_cancels_a_cost_of_going_first():
+    # true B/A 1.0; the arm sent first (A on even reps, B on odd) runs 5 % slower: W14's C1 pattern
+    a = {0: 95.0, 1: 100.0, 2: 95.0}
+    b = {0: 100.0, 1: 95.0, 2: 100.0}
+    out = stats.paired_ratio(a, b, seed=0)
+    assert out["ratio"] == pytest.approx(100 / 95)  # two of three passes had A first: a false 5 %
+    assert out["rounds"] == 1 and out["balanced"] == pytest.approx(1.0)  # rep 2 has no B-first partner
+    assert stats.paired_ratio({0: 1.0}, {0: 2.0}, seed=0)["balanced"] is None
+
+
 def test_decode_rate_leaves_out_the_first_token_and_bursts():
     rec = {"t_start": 0.0, "t_first": 0.5, "t_last": 1.5, "completion_tokens": 11, "prompt_tokens": 100}
     assert stats.decode_tps(rec) == pytest.approx(10.0)

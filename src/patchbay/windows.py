@@ -144,7 +144,9 @@ def level_table(level: str, data: dict) -> list[str]:
     agg = data["aggregate"]
     lines = [f"## Concurrency {level}", "",
              f"Aggregate: A {_num(agg['A_tps'])} tok/s, B {_num(agg['B_tps'])} tok/s, "
-             f"B/A {_num(agg['ratio'], '{:.3f}')} {_ci(agg['ci95'])} ({agg['pairs']} paired passes).", "",
+             f"B/A {_num(agg['ratio'], '{:.3f}')} {_ci(agg['ci95'])} ({agg['pairs']} paired passes)"
+             + (f"; order-balanced B/A {agg['balanced']:.3f} over {agg['rounds']} round(s) of an A-first and a "
+                "B-first pass." if agg.get("rounds") else "."), "",
              "| prompt | A decode tok/s | B decode tok/s | B/A | 95 % CI | TTFT A / B (ms) "
              "| prefill tok/s A / B | hashes equal |",
              "|---|---:|---:|---:|---|---:|---:|---|"]
