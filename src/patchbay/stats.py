@@ -65,7 +65,7 @@ def paired_ratio(a_by_rep: dict, b_by_rep: dict, seed: int) -> dict:
     ratios = list(by_rep.values())
     rounds = [math.sqrt(by_rep[r] * by_rep[r + 1]) for r in by_rep if r % 2 == 0 and r + 1 in by_rep]
     return {"ratio": median(ratios), "ci95": bootstrap_ci(ratios, seed), "pairs": len(ratios),
-            "balanced": math.exp(sum(map(math.log, rounds)) / len(rounds)) if rounds else None,
+            "balanced": statistics.geometric_mean(rounds) if rounds else None,
             "rounds": len(rounds)}
 
 
