@@ -95,6 +95,8 @@ COLD_REQUESTS = itertools.count()
 # FIRST_LINE_RESERVE tokens of --max-prompt-tokens spare (as for --distinct-copies' line below).
 COLD_SAMPLE_LINE = "Request 0-0f0f0f0f.\n\n"
 FIRST_LINE_RESERVE = 8
+# The client's keep-alive for idle connections, kept under servers' own (uvicorn: 5 s); see run().
+KEEPALIVE_EXPIRY_S = 1.0
 # With --distinct-copies, copy N (from 2) of a prompt opens with "Copy N." and a blank line: the same
 # line in both arms and every rep, so replies stay comparable, yet no two copies are one request.
 # A batch-invariant engine answers identical copies identically, and identical greedy replies pick
@@ -227,7 +229,11 @@ def run(plan: Plan, sink, progress=None, switch=None) -> bool:
     done = [0]
     lock = threading.Lock()
     epoch = time.perf_counter()
-    limits = httpx.Limits(max_connections=max(plan.levels), max_keepalive_connections=max(plan.levels))
+    # Idle connections are dropped after 1 s, before the server's own keep-alive timeout (uvicorn's is
+    # 5 s) can close one just as a pass sends on it: W15 lost 3 of 32 requests so, a pass ~5 s
+    # after the same arm's last one ("Server disconnected without sending a response").
+    limits = httpx.Limits(max_connections=max(plan.levels), max_keepalive_connections=max(plan.levels),
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     with httpx.Client(limits=limits, timeout=plan.timeout) as client:
         current = None
         for rep, level, arm in passes:
