@@ -103,6 +103,9 @@ for tokens, experts, top_k in [(1, 128, 8), (3, 8, 2), (8, 128, 8), (17, 8, 3), 
         index[2, 1] = -1  # masked the other way
     rows, blocks = fused_moe.align(index, experts)
     rows_t, blocks_t = fused_moe.align_torch(index, experts)
+    fused_moe.STABLE_ALIGN = True  # 0450: one launch at the largest size, masked to the step
+    rows_s, blocks_s = fused_moe.align(index, experts)
+    fused_moe.STABLE_ALIGN = False
     kept = index.reshape(-1)
     kept = kept[(kept >= 0) & (kept < experts)]
     used = int((blocks >= 0).sum())
@@ -111,7 +114,8 @@ for tokens, experts, top_k in [(1, 128, 8), (3, 8, 2), (8, 128, 8), (17, 8, 3), 
     report["align"].append({"shape": [tokens, experts, top_k], "equal": torch.equal(rows, rows_t)
                             and torch.equal(blocks, blocks_t), "used": used, "needed": needed,
                             "bound": blocks.numel() == fused_moe.max_blocks(tokens * top_k, experts),
-                            "placed_once": placed == sorted(set(placed)) and len(placed) == kept.numel()})
+                            "placed_once": placed == sorted(set(placed)) and len(placed) == kept.numel(),
+                            "stable_equal": torch.equal(rows, rows_s) and torch.equal(blocks, blocks_s)})
 
 # The whole tiny model: greedy ids and teacher-forced logprobs, eager experts vs pb_triton.
 model_dir = sys.argv[1]

@@ -256,6 +256,38 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
         varlen_attention.restore()
 
 
+def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
+    """0450: the expert sort at its fixed launch sizes gives the same rows and blocks as 0220's
+    launch for every token count the one-program sort takes, and the load hook runs the sort for
+    each of them and the attention for 1, 2 and 16 sequences."""
+    from types import SimpleNamespace
+
+    from transformers._pb import fused_moe, stable_launch, varlen_attention
+
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for tokens in range(1, fused_moe.ALIGN_MAX_PAIRS // 8 + 1):
+            index = torch.stack([torch.randperm(128, generator=gen)[:8] for _ in range(tokens)]).cuda()
+            fused_moe.STABLE_ALIGN = False
+            want = fused_moe.align(index, 128)
+            fused_moe.STABLE_ALIGN = True
+            got = fused_moe.align(index, 128)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), tokens
+        config = SimpleNamespace(num_experts_per_tok=8, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                                 head_dim=HEAD_DIM, hidden_size=HIDDEN)
+        experts = SimpleNamespace(num_experts=128, gate_up_proj=torch.empty(1, device="cuda"))
+        weight = torch.empty(1, device="cuda", dtype=torch.bfloat16)
+        model = SimpleNamespace(config=config, modules=lambda: [experts], parameters=lambda: iter([weight]))
+        monkeypatch.setattr(fused_moe, "on", lambda: True)
+        assert stable_launch.warm_align(model) == fused_moe.ALIGN_MAX_PAIRS // 8
+        varlen_attention.ENABLED = varlen_attention.STABLE = True
+        assert stable_launch.warm_attention(model) == len(stable_launch.ATTENTION_WARM_SEQUENCES)
+        torch.cuda.synchronize()
+    finally:
+        stable_launch.restore()
+        varlen_attention.restore()
+
+
 # air12's dense products at TP=1: (out features, in features, bias, dtype)
 GEMMS = {"qkv fused": (14336, 4096, True, torch.bfloat16), "o_proj": (4096, 12288, False, torch.bfloat16),
          "shared gate/up": (2816, 4096, False, torch.bfloat16), "shared down": (4096, 1408, False, torch.bfloat16),

@@ -38,6 +38,15 @@ def test_a_sequence_gets_the_same_bits_alone_and_among_others(on):
     assert on["decode_alone_vs_batched"] == {"equal_bits": True, "max_abs_diff": 0.0}
 
 
+def test_stable_launch_counts_many_sequences_in_chunks_with_the_same_bits(on):
+    # 0450: 70 sequences, prompt blocks past the first 64; SEQ_P2 fixed at 64 (a loop of two
+    # chunks) against 0370's one pass at 128
+    got = on["stable_launch"]
+    assert got["sequences"] == 70 and got["prompts"] >= 10
+    assert got["equal_bits"] is True
+    assert got["max_abs_diff"] < 1e-5
+
+
 def test_tiny_models_greedy_replies_through_the_batching_loop_equal_upstreams(on):
     assert on["tiny"]["equal"] is True
     assert on["tiny"]["kernel_steps"] >= 20  # both layers, every step
@@ -58,3 +67,21 @@ def test_knob_off_keeps_upstreams_path(patched_engine):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "None"]
+
+
+@pytest.mark.parametrize("value", ["1", None])
+def test_stable_launch_knob_fixes_both_launch_keys_at_load(patched_engine, value):
+    import os
+    import subprocess
+    import sys
+
+    code = ("from transformers._pb import stable_launch, varlen_attention, fused_moe; stable_launch.at_load(); "
+            "print(varlen_attention.STABLE, fused_moe.STABLE_ALIGN); stable_launch.restore(); "
+            "print(varlen_attention.STABLE, fused_moe.STABLE_ALIGN)")
+    env = {k: val for k, val in os.environ.items() if not k.startswith("PB_")}
+    env.update(PYTHONPATH=str(patched_engine.site), TRITON_INTERPRET="1", **({"PB_STABLE_LAUNCH": value} if value else {}))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    on = str(value == "1")
+    assert proc.stdout.split() == [on, on, "False", "False"]
+    assert ("PB_STABLE_LAUNCH" in proc.stderr) is (value == "1")

@@ -77,6 +77,26 @@ def alone_vs_batched(past: int, new: int) -> dict:
     return {"equal_bits": bool(torch.equal(alone, batched)), "max_abs_diff": (alone - batched).abs().max().item()}
 
 
+def stable_launch() -> dict:
+    """0450: a step of 70 sequences (prompt chunks among decode rows, the last prompt past the
+    first 64) with the prompt kernel's sequence count taken 64 at a time (PB_STABLE_LAUNCH) and in
+    one pass (0370's launch): the same bits, and upstream's result."""
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    seqs = [(rng.randint(0, 20), rng.choice([1, 1, 1, rng.randint(2, 9)])) for _ in range(68)]
+    seqs += [(5, 140), (0, 1)]  # a prompt of two blocks, 69th, then a decode row
+    q, k, v, cu_q, cu_k = step(seqs, 2, 3, gen)
+    varlen_attention.STABLE = False
+    once = kernel(q, k, v, cu_q, cu_k)
+    varlen_attention.STABLE = True
+    chunked = kernel(q, k, v, cu_q, cu_k)
+    varlen_attention.STABLE = False
+    want = reference(q, k, v, cu_q, cu_k)
+    real = cu_q[-1]
+    return {"sequences": len(seqs), "prompts": sum(n > 1 for _, n in seqs),
+            "equal_bits": bool(torch.equal(once, chunked)),
+            "max_abs_diff": (chunked[:, :real] - want[:, :real]).abs().max().item()}
+
+
 def tiny_replies(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -108,7 +128,7 @@ probe = step([(3, 5)], 0, 0, torch.Generator().manual_seed(2))
 report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
           "descriptors": varlen_attention.FAST and varlen_attention._descriptors(probe[1], probe[2]) is not None,
           "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
-          "decode_alone_vs_batched": alone_vs_batched(150, 1)}
+          "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch()}
 if len(sys.argv) > 1:
     report["tiny"] = tiny_replies(sys.argv[1])
 print(json.dumps(report))

@@ -15,7 +15,7 @@ import importlib
 # engine modules (transformers._pb.NAME) with at_load() and/or after_load(model), and restore(), in the
 # loader's order
 HOOKS = ("fused_router", "fused_rope", "fused_norm", "moe_combine", "moe_gate", "varlen_attention", "invariant_gemm",
-         "moe_one_path", "fused_proj")
+         "moe_one_path", "stable_launch", "fused_proj")
 
 
 def modules() -> list:

@@ -2,14 +2,15 @@
 and CUDA-graph captures its server logged meanwhile (events/, written by stall_hook.py as
 sitecustomize in every process; the client printed its monotonic epoch to epoch.txt).
 
-    python3 stalls.py > stalls.md
+    python3 stalls.py [PART] > PART/stalls.md    (PART: a folder laid out like this one; default: this one)
 """
 import collections
 import glob
 import json
 import os
+import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 epoch = float(open(os.path.join(HERE, "epoch.txt")).read().split()[1])
 rows = [json.loads(line) for line in open(os.path.join(HERE, "raw.jsonl"))]
 passes = collections.defaultdict(list)
