@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from patchbay import ROOT, image, series as series_mod
+from patchbay.pair import KERNEL_CACHE_DIR
 from patchbay.upstream import LOCK_PATH
 
 from .conftest import ALL_ON, free_port
@@ -219,7 +220,11 @@ def test_one_rank_serves_like_the_local_engine_and_the_watchdog_restarts_it(clie
         assert again.returncode == 1 and "already running" in again.stderr
         assert "Application startup complete" in patchbay("logs", "--config", str(path), "-n", "200").stdout
 
-        client.containers.get(f"{pair}-rank0").kill()
+        # Triton's kernel cache is the node's volume, so what one rank compiled is there after a restart
+        rank0 = client.containers.get(f"{pair}-rank0")
+        probe = f"{KERNEL_CACHE_DIR}/probe-{pair}"
+        assert rank0.exec_run(["sh", "-c", f'test "$TRITON_CACHE_DIR" = {KERNEL_CACHE_DIR} && touch {probe}']).exit_code == 0
+        rank0.kill()
         t0 = time.monotonic()
         st = patchbay("status", "--config", str(path))
         assert time.monotonic() - t0 < 5
@@ -230,6 +235,10 @@ def test_one_rank_serves_like_the_local_engine_and_the_watchdog_restarts_it(clie
         assert "restarting the pair (rank 0 exited (137))" in w.stdout
         assert patchbay("status", "--config", str(path)).returncode == 0
         assert chat(port, model)["choices"][0]["message"]["content"]
+        restarted = client.containers.get(f"{pair}-rank0")
+        assert restarted.id != rank0.id
+        assert restarted.exec_run(["test", "-f", probe]).exit_code == 0
+        assert restarted.exec_run(["rm", probe]).exit_code == 0
     finally:
         stop = patchbay("stop", "--config", str(path))
     assert stop.returncode == 0 and f"removed {pair}-rank0 on the head" in stop.stdout

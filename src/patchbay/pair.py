@@ -73,6 +73,15 @@ def rank_env(cfg: Config, rank: int, ifname: str = "") -> dict[str, str]:
     return env
 
 
+# Triton's compiled kernels, in a Docker volume of each node so a restarted or rebuilt rank finds
+# them: a container's own cache starts empty, and on an H200 a server spent 10-30 s compiling
+# during its first batched steps, each step's requests waiting (W15 traces). Triton keys
+# its cache by kernel source and compiler, so builds share the volume safely;
+# `docker volume rm patchbay-kernel-cache` clears it.
+KERNEL_CACHE_VOLUME = "patchbay-kernel-cache"
+KERNEL_CACHE_DIR = "/var/cache/patchbay/triton"
+
+
 def rank_command(cfg: Config, model_path: str) -> list[str]:
     cmd = ["python3", "-m", "transformers.cli.transformers", "serve", model_path, "--host", cfg.host,
            "--port", str(cfg.port), "--device", cfg.device, "--log-level", "info"]
@@ -114,6 +123,7 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
     log lines of each. Ready = a streamed token came back through the head."""
     import docker
     import docker.errors
+    import docker.types
 
     rs = ranks(cfg)
     live = [r for r in rs if r.container is not None]
@@ -131,8 +141,10 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
         try:
             r.container = r.client.containers.run(
                 tag, rank_command(cfg, model_path), name=container_name(cfg, r.node.rank), detach=True,
-                network_mode="host", environment=rank_env(cfg, r.node.rank, (ifnames or {}).get(r.node.role, "")), ipc_mode="host",
-                mounts=[model_mount(model_path)],
+                network_mode="host", ipc_mode="host",
+                environment={**rank_env(cfg, r.node.rank, (ifnames or {}).get(r.node.role, "")),
+                             "TRITON_CACHE_DIR": KERNEL_CACHE_DIR},
+                mounts=[model_mount(model_path), docker.types.Mount(KERNEL_CACHE_DIR, KERNEL_CACHE_VOLUME, type="volume")],
                 labels={f"{LABEL}.pair": cfg.pair, f"{LABEL}.rank": str(r.node.rank),
                         f"{LABEL}.info": json.dumps(info), f"{LABEL}.config-text": config_text},
                 **kwargs)
