@@ -275,6 +275,7 @@ def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(got, want)), tokens
         config = SimpleNamespace(num_experts_per_tok=8, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
                                  head_dim=HEAD_DIM, hidden_size=HIDDEN)
+        config.get_text_config = lambda: config  # as transformers' configs answer
         experts = SimpleNamespace(num_experts=128, gate_up_proj=torch.empty(1, device="cuda"))
         weight = torch.empty(1, device="cuda", dtype=torch.bfloat16)
         model = SimpleNamespace(config=config, modules=lambda: [experts], parameters=lambda: iter([weight]))
