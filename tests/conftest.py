@@ -102,20 +102,35 @@ def tiny_model() -> str:
 INTERPRETER_ENV = {"ATEN_CPU_CAPABILITY": "default"}
 
 
+def engine_environ(engine: build.Engine, **env: str) -> dict[str, str]:
+    """This process's environment with `engine` first on the path and no PB_* variables but those
+    in `env` (and INTERPRETER_ENV under Triton's interpreter)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    if env.get("TRITON_INTERPRET") == "1":
+        environ.update(INTERPRETER_ENV)
+    environ.update(PYTHONPATH=str(engine.site), **env)
+    return environ
+
+
+def engine_code(code: str, engine: build.Engine, timeout: float = 120, **env: str):
+    """`python -c code` in a fresh interpreter with engine_environ(engine, **env); the finished
+    process (stdout and stderr as text), whatever its exit status."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], env=engine_environ(engine, **env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def engine_job(script: str, engine: build.Engine, *args: str, timeout: float = 600, **env: str) -> dict:
-    """Run tests/`script` in a fresh interpreter with `engine` first on the path and no PB_*
-    variables but those in `env` (and INTERPRETER_ENV under Triton's interpreter); returns the
+    """Run tests/`script` in a fresh interpreter with engine_environ(engine, **env); returns the
     JSON object its last line prints."""
     import json
     import subprocess
     import sys
 
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
-    if env.get("TRITON_INTERPRET") == "1":
-        environ.update(INTERPRETER_ENV)
-    environ.update(PYTHONPATH=str(engine.site), **env)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args], env=environ,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args],
+                          env=engine_environ(engine, **env), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

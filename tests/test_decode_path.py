@@ -7,13 +7,9 @@ Their effect needs CUDA graphs (W04, W05 on an H200); here the rules are checked
 are called through upstream's own functions in a fresh interpreter, with the knobs on and off.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import engine_job, engine_module
+from .conftest import engine_code, engine_job, engine_module
 
 pytestmark = pytest.mark.engine
 
@@ -108,14 +104,11 @@ def test_compile_level_is_set_by_the_knob_unless_the_config_sets_one(off, on):
 
 def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
     assert off["switch_interval"] == pytest.approx(0.005)  # Python's own
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
-    env.update(PYTHONPATH=str(patched_engine.site), PB_SWITCH_INTERVAL="500")
     code = "import sys; from transformers._pb import switch; switch.apply(); print(sys.getswitchinterval())"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = engine_code(code, patched_engine, PB_SWITCH_INTERVAL="500")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout) == pytest.approx(0.0005)
-    env["PB_SWITCH_INTERVAL"] = "-1"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = engine_code(code, patched_engine, PB_SWITCH_INTERVAL="-1")
     assert proc.returncode != 0 and "PB_SWITCH_INTERVAL=-1 is not a valid value" in proc.stderr
 
 

@@ -8,7 +8,7 @@ On the GPU: tests/test_kernels_gpu.py."""
 
 import pytest
 
-from .conftest import engine_job
+from .conftest import engine_code, engine_job
 
 pytestmark = pytest.mark.engine
 
@@ -54,33 +54,20 @@ def test_tiny_models_greedy_replies_through_the_batching_loop_equal_upstreams(on
 
 
 def test_knob_off_keeps_upstreams_path(patched_engine):
-    import subprocess
-    import sys
-
     code = ("from transformers._pb import varlen_attention as v; v.at_load(); "
             "import torch; print(v.ENABLED, v.forward(None, torch.zeros(1, 2, 3, 16), torch.zeros(1, 1, 3, 16), "
             "torch.zeros(1, 1, 3, 16), None, {}))")
-    import os
-
-    env = {k: val for k, val in os.environ.items() if not k.startswith("PB_")}
-    env.update(PYTHONPATH=str(patched_engine.site), TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = engine_code(code, patched_engine, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "None"]
 
 
 @pytest.mark.parametrize("value", ["1", None])
 def test_stable_launch_knob_fixes_both_launch_keys_at_load(patched_engine, value):
-    import os
-    import subprocess
-    import sys
-
     code = ("from transformers._pb import stable_launch, varlen_attention, fused_moe; stable_launch.at_load(); "
             "print(varlen_attention.STABLE, fused_moe.STABLE_ALIGN); stable_launch.restore(); "
             "print(varlen_attention.STABLE, fused_moe.STABLE_ALIGN)")
-    env = {k: val for k, val in os.environ.items() if not k.startswith("PB_")}
-    env.update(PYTHONPATH=str(patched_engine.site), TRITON_INTERPRET="1", **({"PB_STABLE_LAUNCH": value} if value else {}))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = engine_code(code, patched_engine, TRITON_INTERPRET="1", **({"PB_STABLE_LAUNCH": value} if value else {}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     on = str(value == "1")
     assert proc.stdout.split() == [on, on, "False", "False"]
