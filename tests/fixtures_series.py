@@ -24,6 +24,7 @@ HEADER = {
     "Exactness": "same-bits",
     "Gain": "none measured",
     "Depends": "none",
+    "Modules": "none",
     "Upstream-Status": "Pending",
     "Last-Update": "2026-01-01",
 }

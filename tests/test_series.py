@@ -2,7 +2,8 @@
 
 import pytest
 
-from .fixtures_series import PKG, base_files, diff_for, make_upstream, module, patch_text, with_line, write_series
+from .fixtures_series import (PKG, base_files, diff_for, make_upstream, module, patch_text, with_line, write_series,
+                              write_tree)
 from patchbay import series, upstream
 from patchbay.gitutil import git
 from patchbay.series import SeriesError
@@ -298,7 +299,90 @@ def test_digest_is_stable_and_follows_bytes_and_order(tmp_path, up):
 def test_real_series_checks_clean():
     lock = upstream.Lock.read()
     upstream_dir = upstream.ensure(lock)
-    checked, problems = series.check(series.SERIES_DIR, upstream_dir, lock.ref_tag)
+    checked, problems = series.check(series.SERIES_DIR, upstream_dir, lock.ref_tag, lock.src_path)
     assert [str(p) for p in problems] == []
     assert checked.patches, "the real series is empty"
     assert all(p.knob is not None or p.status == "infrastructure" for p in checked.patches)
+
+
+# ---- the overlay (engine/) -----------------------------------------------------------------
+
+
+def overlay_series(tmp_path, diffs, modules=None, files=None):
+    """good_patches beside an overlay engine/_pb/{hooks,extra}.py; 0020 names both unless told."""
+    root = tmp_path / "repo"
+    write_tree(root / "engine", files if files is not None else
+               {"_pb/hooks.py": "HOOKS = 1\n", "_pb/extra.py": "EXTRA = 2\n"})
+    patches = good_patches(diffs)
+    patches[ALPHA] = patch_text(diffs["alpha"], Knob="PB_ALPHA type=bool default=0", Per_Request="yes",
+                                Status="adopted", Depends="0010",
+                                Modules=modules if modules is not None else "_pb/hooks.py, _pb/extra.py")
+    return write_series(root / "patches", patches), root / "engine"
+
+
+def test_overlay_is_named_by_modules_and_mirrored_after_the_hooks(tmp_path, up):
+    upstream_dir, diffs = up
+    sdir, overlay = overlay_series(tmp_path, diffs)
+    loaded, problems = series.load(sdir)
+    assert problems == []
+    assert loaded.overlay == overlay
+    assert loaded.overlay_files() == ["_pb/extra.py", "_pb/hooks.py"]
+    assert loaded.patches[1].modules == ("_pb/hooks.py", "_pb/extra.py")
+    (overlay / "_pb" / "__pycache__").mkdir()
+    (overlay / "_pb" / "__pycache__" / "hooks.cpython-311.pyc").write_bytes(b"\0")
+    (overlay / "_pb" / "build_info.py").write_text("generated\n")
+    assert loaded.overlay_files() == ["_pb/extra.py", "_pb/hooks.py"]  # caches and generated files are not ours
+
+    tree = series.scratch_copy(upstream_dir, tmp_path / "tree", "v1.0")
+    loaded.apply_to(tree, PKG)
+    assert (tree / PKG / "_pb" / "hooks.py").read_text() == "HOOKS = 1\n"
+    assert (tree / PKG / "_pb" / "__init__.py").read_text() == '"""Fixture hooks."""\n'  # the hooks still applied
+    assert not (tree / PKG / "_pb" / "__pycache__").exists()
+    assert not (tree / PKG / "_pb" / "build_info.py").exists()
+
+
+def test_an_overlay_file_no_patch_names_is_reported(tmp_path, up):
+    sdir, _ = overlay_series(tmp_path, up[1], modules="_pb/hooks.py")
+    _, problems = series.load(sdir)
+    only_problem(problems, "series", "engine/_pb/extra.py is named by no patch's Modules field")
+
+
+def test_modules_naming_a_missing_file_is_reported(tmp_path, up):
+    sdir, _ = overlay_series(tmp_path, up[1], modules="_pb/hooks.py, _pb/extra.py, _pb/gone.py")
+    _, problems = series.load(sdir)
+    only_problem(problems, ALPHA, "Modules names _pb/gone.py, which is not a file under engine/")
+
+
+def test_a_patch_of_overlay_code_alone_needs_no_hooks(tmp_path, up):
+    upstream_dir, diffs = up
+    sdir, _ = overlay_series(tmp_path, diffs, modules="_pb/hooks.py")
+    (sdir / "0040-extra.patch").write_text(patch_text("", Knob="PB_EXTRA type=bool default=0", Status="opt-in",
+                                                     Modules="_pb/extra.py"))
+    write_series(sdir, {}, order=[INFRA, ALPHA, BETA, "0040-extra.patch"])
+    checked, problems = series.check(sdir, upstream_dir, "v1.0", PKG)
+    assert problems == []
+    assert checked.patches[-1].diff.strip() == "" and checked.patches[-1].modules == ("_pb/extra.py",)
+
+
+def test_a_hunk_that_edits_an_overlay_file_is_reported(tmp_path, up):
+    upstream_dir, diffs = up
+    # engine/_pb/__init__.py would be mirrored over the file 0010's hunk creates
+    sdir, _ = overlay_series(tmp_path, diffs, modules="_pb/__init__.py",
+                             files={"_pb/__init__.py": '"""Overlay."""\n'})
+    _, problems = series.check(sdir, upstream_dir, "v1.0", PKG)
+    only_problem(problems, INFRA, f"a hunk edits {PKG}/_pb/__init__.py, an overlay file; "
+                                  "change engine/_pb/__init__.py instead")
+
+
+def test_digest_follows_the_overlay(tmp_path, up):
+    lock = tmp_path / "upstream.lock"
+    lock.write_text('name = "fixturepkg"\n')
+    sdir, overlay = overlay_series(tmp_path, up[1])
+    first = series.load(sdir)[0].digest(lock)
+    (overlay / "_pb" / "extra.py").write_text("EXTRA = 3\n")
+    assert series.load(sdir)[0].digest(lock) != first
+    (overlay / "_pb" / "extra.py").write_text("EXTRA = 2\n")
+    assert series.load(sdir)[0].digest(lock) == first
+    (overlay / "_pb" / "__pycache__").mkdir()
+    (overlay / "_pb" / "__pycache__" / "x.pyc").write_bytes(b"\1")
+    assert series.load(sdir)[0].digest(lock) == first

@@ -1,6 +1,7 @@
 """Patched tree -> wheel -> engine folder.
 
-The series is applied onto a throwaway copy of the pinned source, the knob registry is
+The series' hooks are applied onto a throwaway copy of the pinned source and the overlay
+(engine/) is mirrored into its package, the knob registry is
 generated from the patch headers into transformers/_pb/build_info.py, and a wheel versioned
 `<upstream>+pb.<build id>` is built. Each build is installed into build/engines/<id>/,
 a folder put first on PYTHONPATH by whoever runs that engine, so the pristine engine and
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from . import ROOT
 from .knobs import registry_json
-from .series import Series, apply_series, scratch_copy
+from .series import Series, scratch_copy
 from .upstream import LOCK_PATH, Lock, ensure
 
 BUILD_DIR = ROOT / "build"
@@ -83,7 +84,7 @@ def build(series: Series | None, *, lock_path: Path = LOCK_PATH, upstream_dir: P
         tree = scratch_copy(upstream_dir, Path(tmp) / "tree", lock.ref_tag)
         if series is not None:
             progress(f"applying {len(series.patches)} patches onto {lock.name} {lock.version}")
-            apply_series(series, tree)
+            series.apply_to(tree, lock.src_path)
             pb = tree / lock.src_path / "_pb"
             if pb.is_dir():  # a module, not a data file, so the wheel always carries it
                 (pb / "build_info.py").write_text(

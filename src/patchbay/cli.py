@@ -49,13 +49,14 @@ def cmd_check(args) -> int:
     from . import series, upstream
 
     lock = _lock()
-    checked, problems = series.check(series.SERIES_DIR, upstream.ensure(lock), lock.ref_tag)
+    checked, problems = series.check(series.SERIES_DIR, upstream.ensure(lock), lock.ref_tag, lock.src_path)
     for problem in problems:
         print(problem)
     if problems:
         print(f"{len(problems)} problem(s) in the series")
         return 1
-    print(f"series ok: {len(checked.patches)} patches apply to {lock.name} {lock.version} with zero fuzz; "
+    print(f"series ok: {len(checked.patches)} patches apply to {lock.name} {lock.version} with zero fuzz, "
+          f"{len(checked.overlay_files())} overlay files each named by a patch; "
           f"build id pb-{checked.build_id(ROOT / 'upstream.lock')}")
     return 0
 
@@ -133,16 +134,18 @@ def cmd_dev(args) -> int:
     from . import devtree, upstream
 
     lock = _lock()
-    path = devtree.create(_series(), upstream.ensure(lock), lock.ref_tag, force=args.force)
-    print(f"{path}: one commit per patch on {lock.ref_tag}; edit there, then `patchbay export`")
+    path = devtree.create(_series(), upstream.ensure(lock), lock.ref_tag, force=args.force, src_path=lock.src_path)
+    print(f"{path}: the overlay, then one commit per patch on {lock.ref_tag}; edit there (or in engine/), "
+          "then `patchbay export`")
     return 0
 
 
 def cmd_export(args) -> int:
     from . import devtree
 
-    changed = devtree.export(_series(strict=False), _lock().ref_tag)
-    print("rewrote " + (", ".join(changed) if changed else "nothing (patches already match build/dev)"))
+    lock = _lock()
+    changed = devtree.export(_series(strict=False), lock.ref_tag, src_path=lock.src_path)
+    print("rewrote " + (", ".join(changed) if changed else "nothing (patches and engine/ already match build/dev)"))
     return 0
 
 

@@ -69,14 +69,14 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
     t0 = time.monotonic()
     model = build_air12("cuda", seed=seed)
     tokenizer = padded_tokenizer(model.config.vocab_size)
-    try:  # the load hook a checkpoint would pass through (0220 picks the experts implementation)
-        from transformers._pb import fused_moe
-    except ImportError:  # the pristine engine
-        fused_moe = None
-    chosen = fused_moe.model_kwargs({}).get("experts_implementation") if fused_moe else None
-    if chosen:
-        model.set_experts_implementation(chosen)
-    load_hooks.apply(model)  # 0280-0370 replace modeling forwards or fuse weights when their knobs are on
+    # The load sequence a checkpoint would pass through: 0220 picks the experts implementation,
+    # 0280-0390 swap modeling forwards, 0310 fuses weights, 0450 compiles, each when its knob is on.
+    load = load_hooks.sequence()
+    if load is not None:
+        chosen = load.before({}).get("experts_implementation")
+        if chosen:
+            model.set_experts_implementation(chosen)
+        load.after(model)
     torch.cuda.synchronize()
     print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
           f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)

@@ -281,7 +281,7 @@ def source_commit() -> str:
     from .gitutil import git
 
     head = git(["rev-parse", "HEAD"], ROOT, check=False).stdout.strip() or "unknown"
-    dirty = git(["status", "--porcelain", "--", "src", "patches", "docker", "upstream.lock"], ROOT,
+    dirty = git(["status", "--porcelain", "--", "src", "engine", "patches", "docker", "upstream.lock"], ROOT,
                 check=False).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
@@ -309,7 +309,7 @@ def add_ca_bundle(context: Path, extra_ca: Path | None) -> None:
 
 
 def build_context(series: Series, build_id: str, lock: Lock, extra_ca: Path | None, progress=print) -> Path:
-    """The build context: Dockerfile, wheelhouse, patchbay's source, the series and the sdist."""
+    """The build context: Dockerfile, wheelhouse, patchbay's source, the series, its overlay and the sdist."""
     context = WORK_DIR / f"context-{build_id}"
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
@@ -324,6 +324,8 @@ def build_context(series: Series, build_id: str, lock: Lock, extra_ca: Path | No
     tree = context / "patchbay"
     _copy_tree(ROOT / "src" / "patchbay", tree / "src" / "patchbay")
     _copy_tree(series.dir, tree / "patches")
+    if series.overlay:
+        _copy_tree(series.overlay, tree / "engine")
     shutil.copy(LOCK_PATH, tree / "upstream.lock")
     (tree / ".cache" / "sdists").mkdir(parents=True)
     sdist = fetch_sdist(lock.name, lock.version, SDIST_CACHE)

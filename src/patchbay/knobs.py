@@ -173,5 +173,6 @@ def render_patches_md(series) -> str:
             out += [body.strip(), ""]
         out += [f"- Knob: `{f.get('Knob')}`", f"- Depends: {', '.join(p.depends) or 'none'}",
                 f"- Upstream-Status: {f.get('Upstream-Status')}", f"- Last-Update: {f.get('Last-Update')}",
-                "- Files: " + ", ".join(f"`{name}`" for name in p.files())]
+                "- Modules (engine/): " + (", ".join(f"`{name}`" for name in p.modules) or "none"),
+                "- Hooks in upstream files: " + (", ".join(f"`{name}`" for name in p.files()) or "none")]
     return "\n".join(out) + "\n"

@@ -1,7 +1,11 @@
 """The patch series: parse headers, validate everything a series can get wrong, apply it.
 
 patches/series lists the patches in order (`#` comments allowed). Each NNNN-slug.patch
-starts with a DEP-3 style header, a line `---`, then a `git diff` against upstream.
+starts with a DEP-3 style header, a line `---`, then a `git diff` against upstream: the thin
+hooks in upstream's files. The engine code the hooks call is the overlay, ordinary files
+under engine/ (engine/_pb/... becomes <package>/_pb/... in the patched tree); each patch's
+`Modules` field names the overlay files it brings or changes, and every overlay file is
+named by some patch.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from .gitutil import git
 from .knobs import Knob, KnobError, parse_declaration
 
 SERIES_DIR = ROOT / "patches"
+OVERLAY_DIR = ROOT / "engine"
 FIELDS = ("Description", "Knob", "Per-Request", "Status", "Exactness", "Gain", "Depends",
-          "Upstream-Status", "Last-Update")
+          "Modules", "Upstream-Status", "Last-Update")
+# Generated into the overlay's place at build, never tracked.
+GENERATED = ("_pb/build_info.py",)
 STATUSES = ("infrastructure", "adopted", "opt-in", "rejected")
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
 FILE_RE = re.compile(r"^(\d{4})-([a-z0-9][a-z0-9-]*)\.patch$")
@@ -53,6 +60,7 @@ class Patch:
     diff: str = field(compare=False)
     knob: Knob | None = None
     depends: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()  # overlay files (relative to engine/) this patch brings or changes
 
     @property
     def name(self) -> str:
@@ -66,20 +74,50 @@ class Patch:
         return [m.group(1) for m in re.finditer(r"^diff --git a/(\S+) b/", self.diff, re.M)]
 
 
+def overlay_files(overlay: Path) -> list[str]:
+    """The overlay's files, relative to it, sorted; caches and generated files left out."""
+    if not overlay.is_dir():
+        return []
+    return sorted(str(f.relative_to(overlay)) for f in overlay.rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
+                  and str(f.relative_to(overlay)) not in GENERATED)
+
+
+def copy_overlay(overlay: Path, target: Path) -> list[str]:
+    """Mirror the overlay's files into target (the package folder of a patched tree)."""
+    files = overlay_files(overlay)
+    for rel in files:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(overlay / rel, target / rel)
+    return files
+
+
 @dataclass
 class Series:
     dir: Path
     patches: list[Patch]
+    overlay: Path | None = None  # engine/ beside patches/; None: the series has no overlay
 
     def knobs(self) -> list[Knob]:
         return [p.knob for p in self.patches if p.knob is not None]
 
+    def overlay_files(self) -> list[str]:
+        return overlay_files(self.overlay) if self.overlay else []
+
     def digest(self, lock_path: Path) -> str:
-        """sha256 over the lock and every patch's bytes, in series order."""
+        """sha256 over the lock, every patch's bytes in series order, and every overlay file."""
         h = hashlib.sha256(lock_path.read_bytes())
         for p in self.patches:
             h.update(b"\0" + p.path.name.encode() + b"\0" + p.path.read_bytes())
+        for rel in self.overlay_files():
+            h.update(b"\0overlay\0" + rel.encode() + b"\0" + (self.overlay / rel).read_bytes())
         return h.hexdigest()
+
+    def apply_to(self, tree: Path, src_path: str) -> None:
+        """The whole series onto a pristine tree: every patch's hooks in order, then the overlay."""
+        apply_series(self, tree)
+        if self.overlay:
+            copy_overlay(self.overlay, tree / src_path)
 
     def build_id(self, lock_path: Path) -> str:
         return self.digest(lock_path)[:12]
@@ -142,7 +180,7 @@ def _check_fields(fields: dict[str, str]) -> list[str]:
     date = fields.get("Last-Update")
     if date is not None and not _is_date(date):
         errors.append(f"Last-Update {date!r} must be YYYY-MM-DD")
-    for name in ("Description", "Gain"):
+    for name in ("Description", "Gain", "Modules"):
         if name in fields and not fields[name].strip():
             errors.append(f"header field {name} is empty")
     return errors
@@ -174,8 +212,12 @@ def read_series_list(series_dir: Path) -> tuple[list[str], list[Problem]]:
     return names, problems
 
 
-def load(series_dir: Path = SERIES_DIR) -> tuple[Series, list[Problem]]:
-    """Parse the series; every problem that needs no upstream tree is returned."""
+def load(series_dir: Path = SERIES_DIR, overlay: Path | None = None) -> tuple[Series, list[Problem]]:
+    """Parse the series; every problem that needs no upstream tree is returned. The overlay is
+    engine/ beside series_dir unless named."""
+    overlay = series_dir.parent / "engine" if overlay is None else overlay
+    overlay_set = set(overlay_files(overlay))
+    claimed: set[str] = set()
     names, problems = read_series_list(series_dir)
     patches: list[Patch] = []
     on_disk = {p.name for p in series_dir.iterdir() if p.is_file() and p.name != "series"} \
@@ -200,8 +242,12 @@ def load(series_dir: Path = SERIES_DIR) -> tuple[Series, list[Problem]]:
         header, diff = split_patch(path.read_text())
         fields, errors = parse_header(header)
         errors += _check_fields(fields)
-        if not diff.strip():
-            errors.append("no diff after the `---` line that ends the header")
+        modules, module_errors = _parse_modules(fields.get("Modules", "none"), overlay_set)
+        errors += module_errors
+        claimed.update(modules)
+        if not diff.strip() and not modules:
+            errors.append("no diff after the `---` line that ends the header and no Modules: "
+                          "a patch changes upstream's files, the overlay's, or both")
         knob = None
         if "Knob" in fields:
             declared = True  # False when the declaration itself is broken (reported as such)
@@ -224,8 +270,28 @@ def load(series_dir: Path = SERIES_DIR) -> tuple[Series, list[Problem]]:
         errors += dep_errors
         problems += [Problem(name, e) for e in errors]
         patches.append(Patch(path=path, number=number, slug=m.group(2), fields=fields, diff=diff,
-                             knob=knob, depends=depends))
-    return Series(series_dir, patches), problems
+                             knob=knob, depends=depends, modules=modules))
+    for rel in sorted(overlay_set - claimed):
+        problems.append(Problem("series", f"engine/{rel} is named by no patch's Modules field; "
+                                          "add it to the patch that brings it"))
+    return Series(series_dir, patches, overlay if overlay.is_dir() else None), problems
+
+
+def _parse_modules(text: str, overlay_set: set[str]) -> tuple[tuple[str, ...], list[str]]:
+    if text.strip().lower() in ("", "none"):
+        return (), []
+    modules, errors = [], []
+    for item in (t.strip() for t in text.replace("\n", " ").split(",")):
+        if not item:
+            continue
+        if item not in overlay_set:
+            errors.append(f"Modules names {item}, which is not a file under engine/ "
+                          f"(paths are relative to engine/, e.g. _pb/knobs.py)")
+        elif item in modules:
+            errors.append(f"Modules names {item} twice")
+        else:
+            modules.append(item)
+    return tuple(modules), errors
 
 
 def _parse_depends(text: str, number: int, names: list[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -284,7 +350,10 @@ def explain_failure(patch: Patch, stderr: str) -> str:
 
 def try_apply(patch: Patch, tree: Path) -> tuple[str, str]:
     """Apply one patch onto tree. Returns (outcome, detail) with outcome one of
-    'applied', 'already-upstream', 'failed'. Nothing is written unless it applies."""
+    'applied', 'already-upstream', 'failed'. Nothing is written unless it applies.
+    A patch whose change is all in the overlay has no hooks to apply."""
+    if not patch.diff.strip():
+        return "applied", ""
     args = ["apply", "--whitespace=nowarn", "-p1"]
     reverse = git([*args, "--check", "-R", "-"], tree, check=False, input=patch.diff)
     if reverse.returncode == 0:
@@ -310,9 +379,19 @@ def apply_series(series: Series, tree: Path) -> None:
             raise SeriesError([Problem(patch.path.name, f"{outcome}: {detail}")])
 
 
-def check(series_dir: Path, upstream_dir: Path, ref: str) -> tuple[Series, list[Problem]]:
-    """Everything `patchbay check` reports: header problems and apply problems."""
+def overlay_edits(series: Series, src_path: str) -> list[Problem]:
+    """Hunks that edit a file the overlay provides: that code belongs in engine/ itself."""
+    mirrored = {f"{src_path}/{rel}" for rel in series.overlay_files()}
+    return [Problem(p.path.name, f"a hunk edits {f}, an overlay file; change engine/{f[len(src_path) + 1:]} "
+                                 "instead and name it under Modules")
+            for p in series.patches for f in p.files() if f in mirrored]
+
+
+def check(series_dir: Path, upstream_dir: Path, ref: str, src_path: str = "src/transformers"
+          ) -> tuple[Series, list[Problem]]:
+    """Everything `patchbay check` reports: header problems, overlay problems, apply problems."""
     series, problems = load(series_dir)
+    problems += overlay_edits(series, src_path)
     with tempfile.TemporaryDirectory() as tmp:
         tree = scratch_copy(upstream_dir, Path(tmp) / "tree", ref)
         for patch in series.patches:

@@ -1,0 +1,161 @@
+"""PB_VARLEN_ATTENTION's Triton kernels (see varlen_attention.py), in a module of its own so that
+upstream's sdpa integration, which imports varlen_attention, does not import Triton unless the
+knob is on."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last, row_ok, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """key_block with PB_VARLEN_FAST (0400): keys and values come through TMA descriptors of the step's
+    [tokens, KV heads, dim] keys and values (rows past the tensor read as zeros; values past the
+    sequence are zeroed here, since they belong to another sequence), and the running softmax keeps
+    the raw scores: m = max(raw) * scale, p = exp2(raw * scale - m), one FMA a score."""
+    cols = start + tl.arange(0, BLOCK_N)
+    k = k_desc.load([k_start + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    v = v_desc.load([k_start + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        col_ok = cols < k_len
+        v = tl.where(col_ok[:, None], v, 0.0)
+        s = tl.where((cols[None, :] <= last[:, None]) & col_ok[None, :] & row_ok[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet stays empty
+    else:  # every row sees every key of the block: its maximum is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_use = m_new
+    p = tl.exp2(s * qk_scale - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok, qk_scale, stride_kt,
+              stride_kh, stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One block of BLOCK_N keys from `start` into the running softmax (base-2 exponents). MASKED:
+    some row of the block may not see some of these keys, or the block runs past the sequence."""
+    dims = tl.arange(0, HEAD_DIM)
+    cols = start + tl.arange(0, BLOCK_N)
+    k_rows = (k_start + cols).to(tl.int64)[:, None]  # 64-bit offsets: a step's keys can pass 2**31 elements
+    kv_head = kv_head.to(tl.int64)
+    if MASKED:
+        col_ok = cols < k_len
+        k = tl.load(k_ptr + k_rows * stride_kt + kv_head * stride_kh + dims[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + k_rows * stride_vt + kv_head * stride_vh + dims[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + k_rows * stride_kt + kv_head * stride_kh + dims[None, :])
+        v = tl.load(v_ptr + k_rows * stride_vt + kv_head * stride_vh + dims[None, :])
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        s = tl.where((cols[None, :] <= last[:, None]) & col_ok[None, :] & row_ok[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet stays empty
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def attend(q, k_ptr, v_ptr, k_desc, v_desc, k_start, k_len, kv_head, seen_by_all, high, last, row_ok, scale,
+           stride_kt, stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+           BLOCK_N: tl.constexpr, FAST: tl.constexpr):
+    """Flash attention's running softmax for `ROWS` query rows q over one sequence's keys [0, high)
+    of one KV head, in blocks of BLOCK_N from its first key; row r sees the keys up to last[r].
+    Every row sees the keys before `seen_by_all`, so whole blocks there skip the masks; a block
+    gives a row the same bits through either loop. FAST: key_block_fast (TMA descriptors k_desc,
+    v_desc; 0400), else key_block (pointers)."""
+    qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    m_i = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((ROWS,), dtype=tl.float32)
+    acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+    full = (tl.minimum(seen_by_all, high) // BLOCK_N) * BLOCK_N
+    for start in range(0, full, BLOCK_N):
+        if FAST:
+            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last,
+                                           row_ok, qk_scale, HEAD_DIM, BLOCK_N, False)
+        else:
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok,
+                                      qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, False)
+    for start in range(full, high, BLOCK_N):
+        if FAST:
+            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last,
+                                           row_ok, qk_scale, HEAD_DIM, BLOCK_N, True)
+        else:
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok,
+                                      qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, True)
+    return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
+def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, cu_q_ptr, cu_k_ptr, block_end_ptr, sequences,
+                        scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                        GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr):
+    """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
+    of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
+    head of the step's last block first, so the blocks with the most keys start early and the
+    query heads sharing a KV head run side by side (their keys stay in cache). FAST (0400): keys and
+    values through the TMA descriptors k_desc, v_desc (otherwise unused)."""
+    head = tl.program_id(0)
+    pid = tl.num_programs(1) - 1 - tl.program_id(1)
+    # the sequence this query block belongs to: how many sequences' blocks end at or before it,
+    # counted SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2)
+    seq = tl.zeros((), dtype=tl.int32)
+    for first_seq in range(0, sequences, SEQ_P2):
+        seq_ids = first_seq + tl.arange(0, SEQ_P2)
+        ends = tl.load(block_end_ptr + seq_ids, mask=seq_ids < sequences, other=2147483647)
+        seq += tl.sum((ends <= pid).to(tl.int32), axis=0)
+    if seq < sequences:
+        block = pid - tl.load(block_end_ptr + seq - 1, mask=seq > 0, other=0)
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        k_start = tl.load(cu_k_ptr + seq)
+        k_len = tl.load(cu_k_ptr + seq + 1) - k_start
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len
+        dims = tl.arange(0, HEAD_DIM)
+        q_rows = (q_start + rows).to(tl.int64)[:, None]
+        q = tl.load(q_ptr + q_rows * stride_qt + head.to(tl.int64) * stride_qh + dims[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        # a row sees its sequence's keys up to its own position (the cached ones before the step too)
+        high = tl.minimum(k_len, (block + 1) * BLOCK_M + (k_len - q_len))
+        first = block * BLOCK_M + (k_len - q_len)  # the block's first row's last key: every row sees up to it
+        out = attend(q, k_ptr, v_ptr, k_desc, v_desc, k_start, k_len, head // GROUPS, first + 1, high,
+                     rows + (k_len - q_len), row_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_M,
+                     HEAD_DIM, BLOCK_N, FAST)
+        tl.store(out_ptr + q_rows * stride_ot + head.to(tl.int64) * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, scale,
+                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                               GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    """A sequence with one query token: one program takes the query heads that share one KV head
+    (the rows of its dots) and walks the sequence's keys once for all of them."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_start = tl.load(cu_q_ptr + seq)
+    if tl.load(cu_q_ptr + seq + 1) - q_start == 1:
+        k_start = tl.load(cu_k_ptr + seq)
+        k_len = tl.load(cu_k_ptr + seq + 1) - k_start
+        group = tl.arange(0, BLOCK_H)
+        group_ok = group < GROUPS
+        heads = kv_head * GROUPS + group
+        dims = tl.arange(0, HEAD_DIM)
+        q_row = q_start.to(tl.int64)
+        heads = heads.to(tl.int64)
+        q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                    mask=group_ok[:, None], other=0.0)
+        last = tl.full((BLOCK_H,), 0, dtype=tl.int32) + (k_len - 1)  # the one query token is the last
+        out = attend(q, k_ptr, v_ptr, k_ptr, v_ptr, k_start, k_len, kv_head, k_len, k_len, last, group_ok, scale,
+                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_N, False)
+        tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=group_ok[:, None])
