@@ -9,21 +9,35 @@ A patch header declares its knob on one line:
 
 The default is always the value that means "upstream behaviour". The engine reads the
 registry generated from these lines (`registry_json`), so the header is the only place
-a knob is declared.
+a knob is declared. What a value may be is the engine's own grammar (engine/_pb/knobs.py:
+`allowed`, `parse_value` on a registry entry), loaded from the overlay, so a config this
+module accepts is one the engine accepts.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
+
+from . import ROOT
 
 TYPES = ("bool", "int", "enum", "list")
 NAME_RE = re.compile(r"^PB_[A-Z0-9_]+$")
 
 
-class KnobError(ValueError):
-    """A knob declaration or value that cannot be accepted, worded for the operator."""
+@functools.cache
+def _engine_knobs():
+    """engine/_pb/knobs.py as a module of its own (stdlib only; not the built engine's copy)."""
+    spec = importlib.util.spec_from_file_location("patchbay._engine_knobs", ROOT / "engine" / "_pb" / "knobs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+KnobError = _engine_knobs().KnobError  # one error type: a declaration or value that cannot be accepted
 
 
 @dataclass(frozen=True)
@@ -38,38 +52,21 @@ class Knob:
     patch: str = ""
     description: str = field(default="", compare=False)
 
-    def allowed(self) -> str:
-        if self.type == "bool":
-            return "0, 1"
+    def spec(self) -> dict:
+        """This knob's entry in the engine's registry."""
+        entry = {"type": self.type, "default": self.default, "per_request": self.per_request, "patch": self.patch}
+        if self.values:
+            entry["values"] = list(self.values)
         if self.type == "int":
-            return f"an integer from {self.min} to {self.max}"
-        if self.type == "enum":
-            return ", ".join(self.values)
-        return "a comma-separated subset of " + ", ".join(self.values) + " (or empty)"
+            entry["min"], entry["max"] = self.min, self.max
+        return entry
+
+    def allowed(self) -> str:
+        return _engine_knobs().allowed(self.spec())
 
     def parse(self, raw: str):
         """The typed value of raw, or KnobError naming the knob and what is allowed."""
-        text = str(raw).strip()
-        bad = KnobError(f"{self.name}={raw} is not a valid value (allowed: {self.allowed()})")
-        if self.type == "bool":
-            if text not in ("0", "1"):
-                raise bad
-            return text == "1"
-        if self.type == "int":
-            if not re.fullmatch(r"-?\d+", text):
-                raise bad
-            value = int(text)
-            if not (self.min <= value <= self.max):
-                raise bad
-            return value
-        if self.type == "enum":
-            if text not in self.values:
-                raise bad
-            return text
-        items = tuple(i.strip() for i in text.split(",") if i.strip())
-        if any(i not in self.values for i in items):
-            raise bad
-        return items
+        return _engine_knobs().parse_value(self.name, self.spec(), raw)
 
 
 def parse_declaration(text: str, *, per_request: bool = False, patch: str = "",
@@ -123,15 +120,7 @@ def parse_declaration(text: str, *, per_request: bool = False, patch: str = "",
 
 def registry_json(knobs: list[Knob]) -> str:
     """The registry the engine's knob runtime reads, generated from the headers."""
-    entries = {}
-    for k in knobs:
-        entry = {"type": k.type, "default": k.default, "per_request": k.per_request, "patch": k.patch}
-        if k.values:
-            entry["values"] = list(k.values)
-        if k.type == "int":
-            entry["min"], entry["max"] = k.min, k.max
-        entries[k.name] = entry
-    return json.dumps({"knobs": entries}, indent=2, sort_keys=True) + "\n"
+    return json.dumps({"knobs": {k.name: k.spec() for k in knobs}}, indent=2, sort_keys=True) + "\n"
 
 
 def validate_settings(knobs: list[Knob], settings: dict[str, str], source: str) -> list[str]:
