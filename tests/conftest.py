@@ -66,6 +66,26 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
+# Tiers follow the fixtures a test uses, so a test cannot land in a tier it does not belong to:
+# a built engine (a wheel build, tens of seconds the first time) marks it `build`; the tiny model
+# or a live server marks it `engine` too. What carries no tier marker is `quick`.
+BUILD_FIXTURES = {"patched_engine", "pristine_engine"}
+ENGINE_FIXTURES = {"tiny_model", "server_on", "server_off", "server_pristine"}
+TIERS = ("engine", "docker", "build", "gpu")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & BUILD_FIXTURES:
+            item.add_marker(pytest.mark.build)
+        if used & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def empty_hf_home(tmp_path_factory):
     # Engines must not see whatever Hugging Face cache this machine happens to have.
