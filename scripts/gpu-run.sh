@@ -20,6 +20,5 @@ if [ ! -f "$site/.done" ]; then
     touch "$site/.done"
 fi
 export PYTHONPATH="/tmp/pb-engine-$engine:$site:$root/src"
-export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-exec "$@"
+# The engine's process environment, NVLink multicast off for the ranks a job starts (patchbay.procenv).
+exec python3 -m patchbay.procenv --ranks -- "$@"

@@ -158,7 +158,8 @@ def test_inline_comments_and_strict_integers(tmp_path):
 
 
 def test_tp_settings_and_the_rank_environment(tmp_path):
-    from patchbay.launch import NO_MULTICAST, rank_env
+    from patchbay.launch import rank_env
+    from patchbay.procenv import NO_MULTICAST
 
     path = write(tmp_path, "PORT=8123\nTP=2\nRDZV_PORT=29611\nPB_TENSOR_PARALLEL=1\n")
     cfg = config.load(path, environ={})

@@ -18,6 +18,8 @@ import sys
 
 import httpx
 
+from . import procenv
+
 # Eight prompts of different shapes: code, prose, JSON, a long-ish instruction, tool use.
 EXACTNESS_PROMPTS = [
     [{"role": "user", "content": "Write a Python function that reverses a string."}],
@@ -149,8 +151,7 @@ def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
 def score_engine_tp(engine_env: dict[str, str], model_dir: str, ranks: int, rdzv_port: int) -> dict:
     """`score` with the model split over `ranks` gloo ranks on this machine (rank 0's result)."""
     procs = [subprocess.Popen([sys.executable, "-m", "patchbay.exact", "score", model_dir],
-                              env={**engine_env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rdzv_port)},
+                              env={**engine_env, **procenv.rank(r, ranks, "127.0.0.1", rdzv_port)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     outputs = [p.communicate(timeout=600) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, outputs)):

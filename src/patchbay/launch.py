@@ -21,11 +21,9 @@ from pathlib import Path
 
 import httpx
 
+from . import procenv
 from .build import Engine
 from .config import Config
-
-# NVLink multicast (NVLS, symmetric-memory multicast) stays off on every rank.
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 class LaunchError(RuntimeError):
@@ -114,8 +112,7 @@ def engine_env(engine: Engine, knobs: dict[str, str], base: dict | None = None) 
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("PB_")}
     env.update(engine.env())
     env.update(knobs)
-    env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    env.update(procenv.ENGINE)
     return env
 
 
@@ -123,8 +120,7 @@ def rank_env(cfg: Config, rank: int, master_addr: str = "127.0.0.1") -> dict[str
     """What one tensor-parallel rank adds to the engine's environment (nothing with TP=1)."""
     if cfg.tp == 1:
         return {}
-    return {"RANK": str(rank), "WORLD_SIZE": str(cfg.tp), "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": master_addr, "MASTER_PORT": str(cfg.rdzv_port), **NO_MULTICAST}
+    return procenv.rank(rank, cfg.tp, master_addr, cfg.rdzv_port)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

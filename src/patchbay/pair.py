@@ -12,6 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from . import procenv
 from .config import Config
 from .image import LABEL, image_tag
 from .launch import LaunchError, first_streamed_token, health
@@ -62,14 +63,11 @@ def ranks(cfg: Config) -> list[Rank]:
 def rank_env(cfg: Config, rank: int, ifname: str = "") -> dict[str, str]:
     """A rank's torch.distributed environment; ifname (the interface holding the node's address,
     found by preflight) stands in for GLOO_IFNAME / NCCL_IFNAME left empty."""
-    env = {**rank_knobs(cfg), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(cfg.world_size),
-           "MASTER_ADDR": cfg.head_addr, "MASTER_PORT": str(cfg.rdzv_port)}
+    env = {**rank_knobs(cfg), **procenv.rank(rank, cfg.world_size, cfg.head_addr, cfg.rdzv_port, local_rank=0)}
     if cfg.world_size > 1:
         for key, value in (("GLOO_SOCKET_IFNAME", cfg.gloo_ifname), ("NCCL_SOCKET_IFNAME", cfg.nccl_ifname)):
             if value or ifname:
                 env[key] = value or ifname
-        # NVLink multicast stays off (the machines this runs on do not allow it).
-        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     return env
 
 
