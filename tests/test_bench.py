@@ -382,15 +382,15 @@ def test_ab_restarts_two_configs_alternately(tmp_path, patched_engine, tiny_mode
     port = free_port()
     a = tmp_path / "a.env"
     b = tmp_path / "b.env"
-    a.write_text(base.replace("PORT=8000", f"PORT={port}").replace("PB_MODELS_INFO=1\n", ""))
-    b.write_text(base.replace("PB_MODELS_INFO=1\n", "PB_MODELS_INFO=1\n"))
+    a.write_text(base.replace("PORT=8000", f"PORT={port}") + "PB_MODELS_INFO=0\n")  # one knob of the set, off
+    b.write_text(base)
     proc = patchbay("ab", "--a-config", str(a), "--b-config", str(b), "--suites", "count", "--max-tokens", "4",
                     "--reps", "2", "--warmup", "0", "--window", "restarts", "--results-dir", str(tmp_path / "r"),
                     "--quiet", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     window = next((tmp_path / "r").iterdir())
     cfg = json.loads((window / "config.json").read_text())
-    assert cfg["restarts"]["A"]["knobs"].get("PB_MODELS_INFO") is None
+    assert cfg["restarts"]["A"]["knobs"]["PB_MODELS_INFO"] == "0"
     assert cfg["restarts"]["B"]["knobs"]["PB_MODELS_INFO"] == "1"
     raw = [json.loads(line) for line in (window / "raw.jsonl").read_text().splitlines()]
     assert {r["arm"] for r in raw} == {"A", "B"} and not any(r["error"] for r in raw)

@@ -86,9 +86,9 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     path = write(tmp_path, "PORT=8000\nCOLOUR=blue\n")
     message = one_line_error(path)
     assert message.startswith(f"{path}: unknown setting COLOUR (allowed: ")
-    for key in ("MODEL", "HOST", "PORT", "CONTINUOUS_BATCHING", "ENGINE_ARGS", "PB_* knobs"):
+    for key in ("MODEL", "HOST", "PORT", "CONTINUOUS_BATCHING", "ENGINE_ARGS", "KNOBS", "PB_* knobs"):
         assert key in message
-    assert "KNOBS" not in message and "SOURCE" not in message
+    assert "KNOB_SET" not in message and "SOURCE" not in message
 
 
 @pytest.mark.parametrize("line, expected", [
@@ -172,3 +172,61 @@ def test_tp_settings_and_the_rank_environment(tmp_path):
                             "NVSHMEM_DISABLE_NVLS": "1"}
     assert NO_MULTICAST.items() <= env.items(), "NVLink multicast stays off on every rank"
     assert rank_env(replace(cfg, tp=1, knobs={}), 0) == {}
+
+
+# ---- named knob sets (config/knob-sets.toml) -----------------------------------------------
+
+
+def test_every_adopted_patch_is_in_prod_and_every_set_is_valid():
+    loaded, problems = series.load()
+    assert problems == []
+    sets = config.knob_sets()
+    assert set(sets) == {"minimal", "local", "prod"}
+    assert sets["minimal"] == {}
+    for name, knobs_of_set in sets.items():
+        assert knobs.validate_settings(loaded.knobs(), knobs_of_set, name) == []
+    adopted = {p.knob.name for p in loaded.patches if p.knob and p.status == "adopted"}
+    prod = sets["prod"]
+    assert adopted <= set(prod)
+    rejected = {p.knob.name for p in loaded.patches if p.knob and p.status == "rejected"}
+    assert not rejected & set(prod)
+    # local is prod in one CPU process: the same knobs but tensor parallelism and graph sampling
+    assert set(prod) - set(sets["local"]) == {"PB_TENSOR_PARALLEL", "PB_GRAPH_SAMPLING"}
+
+
+@pytest.mark.parametrize("name", ["local", "minimal", "prod"])
+def test_each_example_config_names_its_set(name):
+    cfg = config.load(ROOT / "config" / f"{name}.env.example", environ={})
+    assert cfg.knob_set == name and cfg.knobs == config.knob_set(name)
+    assert "PB_" not in "".join(line.split("#")[0] for line in
+                                (ROOT / "config" / f"{name}.env.example").read_text().splitlines())
+
+
+def test_a_pb_line_changes_one_knob_of_the_set_and_a_bad_set_is_named(tmp_path):
+    cfg = config.load(write(tmp_path, "KNOBS=local\nPB_MODELS_INFO=0\nPB_MOE_TMA=1\n"), environ={})
+    assert cfg.knobs == {**config.knob_set("local"), "PB_MODELS_INFO": "0", "PB_MOE_TMA": "1"}
+    with pytest.raises(config.ConfigError, match=r"KNOBS=fast is not a knob set \(allowed: minimal, prod, local"):
+        config.load(write(tmp_path, "KNOBS=fast\n", "bad.env"), environ={})
+    # like the knobs, the set comes from the file only
+    assert config.load(write(tmp_path, "KNOBS=minimal\n", "m.env"), environ={"PATCHBAY_KNOBS": "prod"}).knobs == {}
+
+
+@pytest.mark.parametrize("text, error", [
+    ('[a]\nbase = "b"\n[b]\nbase = "a"\n', r"\[a\] is its own base"),
+    ('[a]\nbase = "z"\n', r"\[a\] base = 'z' is not a set"),
+    ('[a]\nPB_X = "1"\n[b]\nbase = "a"\nunset = ["PB_Y"]\n', r"\[b\] unsets PB_Y, which its base does not set"),
+    ('[a]\nPB_X = 1\n', r"\[a\] PB_X = 1: a set holds PB_\* knobs with string values"),
+    ('[a]\nMODEL = "x"\n', r"\[a\] MODEL = 'x'"),
+    ('[a\n', "not valid TOML"),
+])
+def test_a_broken_set_file_is_one_line_naming_the_set(tmp_path, text, error):
+    path = tmp_path / "knob-sets.toml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError, match=error):
+        config.knob_sets(path)
+
+
+def test_a_base_and_unset_resolve(tmp_path):
+    path = tmp_path / "knob-sets.toml"
+    path.write_text('[a]\nPB_X = "1"\nPB_Y = "2"\n[b]\nbase = "a"\nunset = ["PB_X"]\nPB_Z = "3"\n')
+    assert config.knob_sets(path) == {"a": {"PB_X": "1", "PB_Y": "2"}, "b": {"PB_Y": "2", "PB_Z": "3"}}

@@ -49,6 +49,18 @@ def test_parse_env_takes_only_pb_names():
             gpu.parse_env(bad, "--a-env")
 
 
+def test_parse_env_takes_a_named_knob_set_and_changes_to_it():
+    from patchbay.config import knob_set
+
+    assert gpu.parse_env("@prod", "--a-env") == knob_set("prod")
+    assert gpu.parse_env('@prod+{"PB_MOE_TMA": true, "PB_HOST_THREADS": 0}', "--b-env") == \
+        {**knob_set("prod"), "PB_MOE_TMA": "1", "PB_HOST_THREADS": "0"}
+    with pytest.raises(SystemExit, match=r"--a-env: KNOBS=fast is not a knob set \(allowed: minimal, prod, local"):
+        gpu.parse_env("@fast", "--a-env")
+    with pytest.raises(SystemExit, match="--b-env: not JSON"):
+        gpu.parse_env("@prod+{oops", "--b-env")
+
+
 @pytest.mark.engine
 def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_model, tmp_path):
     """gpu_profile's passes on the tiny model (no GPU, so no kernel table): a knob setting is

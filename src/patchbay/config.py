@@ -1,9 +1,10 @@
 """The one settings object: read from a `.env` file, overridable from the environment.
 
 A config file holds `KEY=VALUE` lines. Plain keys are patchbay's settings (the fields of
-`Config`); `PB_*` keys are engine knobs, checked against the series' registry. In the
-environment, `PATCHBAY_<KEY>` overrides `<KEY>` from the file (a bare HOST or PORT in a
-shell is too common to trust); knobs come from the file only.
+`Config`); `KNOBS=NAME` starts from a named knob set of config/knob-sets.toml (minimal, local,
+prod), and `PB_*` keys set single engine knobs over it, checked against the series' registry.
+In the environment, `PATCHBAY_<KEY>` overrides `<KEY>` from the file (a bare HOST or PORT in
+a shell is too common to trust); knobs come from the file only.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import ROOT
 
 CONFIG_DIR = ROOT / "config"
+KNOB_SETS = CONFIG_DIR / "knob-sets.toml"
 _SSH_RE = re.compile(r"ssh://[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+(:\d+)?")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
 
@@ -55,7 +58,8 @@ class Config:
     pair: str = "patchbay"  # container names: <PAIR>-rank0, <PAIR>-rank1
     base_image: str = ""  # empty: the offline base `patchbay base-image` makes
     extra_ca_bundle: str = ""  # PEM file added to the image's CA bundle (TLS-intercepting proxies)
-    knobs: dict = field(default_factory=dict)  # PB_* name -> raw value
+    knob_set: str = ""  # KNOBS: the named set the knobs start from (config/knob-sets.toml); empty: none
+    knobs: dict = field(default_factory=dict)  # PB_* name -> raw value: the set's, then the file's PB_* lines
     source: str = "defaults"
 
     def __post_init__(self):
@@ -121,7 +125,57 @@ class Config:
         return dict(sorted(self.knobs.items()))
 
 
-_SETTINGS = {f.name.upper(): f for f in fields(Config) if f.name not in ("knobs", "source")}
+_SETTINGS = {f.name.upper(): f for f in fields(Config) if f.name not in ("knobs", "source", "knob_set")}
+
+
+def knob_sets(path: Path = KNOB_SETS) -> dict[str, dict[str, str]]:
+    """Every named knob set: name -> {PB_* name: raw value}, bases resolved."""
+    where = path.name
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; it defines the named knob sets") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not valid TOML: {e}") from None
+    resolved: dict[str, dict[str, str]] = {}
+
+    def resolve(name: str, seen: tuple[str, ...]) -> dict[str, str]:
+        if name in resolved:
+            return resolved[name]
+        if name in seen:
+            raise ConfigError(f"{where}: [{name}] is its own base (through {' -> '.join(seen)})")
+        table = data[name]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: {name} must be a [table] of PB_* knobs")
+        base = table.get("base")
+        if base is not None and base not in data:
+            raise ConfigError(f"{where}: [{name}] base = {base!r} is not a set (sets: {', '.join(data)})")
+        knobs = dict(resolve(base, (*seen, name))) if base else {}
+        for knob in table.get("unset", []):
+            if knob not in knobs:
+                raise ConfigError(f"{where}: [{name}] unsets {knob}, which its base does not set")
+            del knobs[knob]
+        for key, value in table.items():
+            if key in ("base", "unset"):
+                continue
+            if not key.startswith("PB_") or not isinstance(value, str):
+                raise ConfigError(f"{where}: [{name}] {key} = {value!r}: a set holds PB_* knobs with string "
+                                  "values (PB_X = \"1\"), base and unset")
+            knobs[key] = value
+        resolved[name] = knobs
+        return knobs
+
+    for name in data:
+        resolve(name, ())
+    return resolved
+
+
+def knob_set(name: str) -> dict[str, str]:
+    """One named set's knobs, or ConfigError naming the sets there are."""
+    sets = knob_sets()
+    if name not in sets:
+        raise ConfigError(f"KNOBS={name} is not a knob set (allowed: {', '.join(sets)}; config/knob-sets.toml)")
+    return dict(sets[name])
 
 
 def _convert(key: str, raw: str, where: str):
@@ -174,13 +228,20 @@ def load(path: Path | None = None, environ: dict | None = None) -> Config:
     where = str(path.resolve().relative_to(ROOT)) if ROOT in path.resolve().parents else str(path)
     kwargs: dict = {}
     knobs: dict[str, str] = {}
+    if raw.get("KNOBS"):
+        try:
+            knobs = knob_set(raw["KNOBS"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
     for key, value in raw.items():
         if key.startswith("PB_"):
             knobs[key] = value
+        elif key == "KNOBS":  # like the knobs themselves, from the file only
+            kwargs["knob_set"] = value
         elif key in _SETTINGS:
             kwargs[_SETTINGS[key].name] = _convert(key, value, where)
         else:
-            allowed = ", ".join(sorted(_SETTINGS))
+            allowed = ", ".join(sorted([*_SETTINGS, "KNOBS"]))
             raise ConfigError(f"{where}: unknown setting {key} (allowed: {allowed}, and PB_* knobs)")
     overridden = []
     for key in _SETTINGS:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from . import ROOT, load_hooks
+from .config import ConfigError, knob_set
 
 AIR12 = "synthetic:air12"
 # What the device image lacks for `transformers serve` (its torch, numpy, tokenizers, safetensors,
@@ -260,12 +261,11 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
 def checkpoint_ab(model_dir: str, tp: int, port: int, cuda_graphs: bool, num_blocks: int, logs: Path,
                   ab_args: list[str], device: str = "cuda") -> int:
     """`patchbay ab` against one server of `model_dir` as `tp` ranks, started with the production
-    knob set (config/prod.env.example): for a model only one layout can hold, where the arms are
+    knob set (config/knob-sets.toml, [prod]): for a model only one layout can hold, where the arms are
     per-request knobs, or A against A to read the layout's own speed."""
     from .cli import main as patchbay_main
-    from .config import load as load_config
 
-    knobs = load_config(ROOT / "config" / "prod.env.example").knobs
+    knobs = knob_set("prod")
     print(f"one server: TP={tp}, production knobs {json.dumps(knobs)}", flush=True)
 
     def job(procs: list) -> int:
@@ -276,14 +276,25 @@ def checkpoint_ab(model_dir: str, tp: int, port: int, cuda_graphs: bool, num_blo
 
 
 def parse_env(text: str, flag: str) -> dict[str, str]:
-    """An arm's environment from --a-env/--b-env: a JSON object of PB_* names to values."""
+    """An arm's environment from --a-env/--b-env: a JSON object of PB_* names to values, or a named
+    knob set of config/knob-sets.toml, `@prod`, optionally changed by one: `@prod+{"PB_X": 1}`."""
+    knobs: dict[str, str] = {}
+    if text.startswith("@"):
+        name, plus, text = text[1:].partition("+")
+        try:
+            knobs = knob_set(name)
+        except ConfigError as e:
+            raise SystemExit(f"{flag}: {e}") from None
+        if not plus:
+            return knobs
     try:
         value = json.loads(text)
     except ValueError as e:
         raise SystemExit(f"{flag}: not JSON ({e})")
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.startswith("PB_") for k in value):
-        raise SystemExit(f"{flag}: expected a JSON object of PB_* names to values, e.g. '{{\"PB_X\": \"1\"}}'")
-    return {k: "1" if v is True else "0" if v is False else str(v) for k, v in value.items()}
+        raise SystemExit(f"{flag}: expected a JSON object of PB_* names to values, e.g. '{{\"PB_X\": \"1\"}}', "
+                         "or a knob set, e.g. @prod")
+    return {**knobs, **{k: "1" if v is True else "0" if v is False else str(v) for k, v in value.items()}}
 
 
 COUNT_PROMPT = "Count upwards from 1, one number per line, and do not stop."
@@ -527,7 +538,8 @@ def main(argv: list[str]) -> int:
     b.add_argument("--port", type=int, default=8000)
     b.add_argument("--cuda-graphs", action="store_true")
     b.add_argument("--compile", action="store_true")
-    b.add_argument("--a-env", metavar="JSON", help="arm A is a server started with these PB_* variables")
+    b.add_argument("--a-env", metavar="JSON", help="arm A is a server started with these PB_* variables (a JSON "
+                   "object, a knob set such as @prod, or @prod+JSON)")
     b.add_argument("--b-env", metavar="JSON", help="arm B is a second server, side by side, with these")
     b.add_argument("--num-blocks", type=int, default=192,
                    help="with --a-env/--b-env: each server's KV pages of 256 tokens (default: %(default)s)")
