@@ -14,26 +14,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _pin_interpreter_blas() -> None:
-    """Triton's CPU interpreter computes each tl.dot as one numpy product, and numpy's OpenBLAS
-    picks its kernels by the CPU. On an AMD EPYC (OpenBLAS's Haswell and Zen kernels) one element
-    of a [M, 64] x [64, N] product came out other bits for another M: a row alone and among 70
-    rows differed by one rounding, though the Triton kernel sums them alike. The Sandybridge
-    kernels gave the same bits there and pass every bit check of this suite, so the suite runs on
-    those wherever the CPU has AVX (set before numpy loads; jobs inherit it). engine_job also runs
-    the interpreter's jobs with torch's plain CPU kernels (INTERPRETER_ENV), for the same reason."""
-    try:
-        avx = " avx " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
-    except OSError:
-        avx = False
-    if avx:
-        os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
-
-
-_pin_interpreter_blas()
-
-from patchbay import ROOT, build, config, launch, series  # noqa: E402  (after the pin above)
+from patchbay import ROOT, build, config, launch, series
 
 
 def _ephemeral_floor() -> int:
@@ -118,17 +99,22 @@ def tiny_model() -> str:
 
 # A job under Triton's interpreter (TRITON_INTERPRET=1) checks kernels' bits, a row alone against
 # batched: torch's vectorized CPU kernels (AVX2 on an AMD EPYC) gave the tiny model's row other
-# bits among other rows (a reduction's order follows the row count), its plain kernels did not.
+# bits among other rows (a reduction's order follows the row count), its plain kernels did not;
+# and tests/interpreter/sitecustomize.py makes the interpreter's dot independent of OpenBLAS's
+# kernels in the same way (INTERPRETER_PATH goes first on such a job's PYTHONPATH).
 INTERPRETER_ENV = {"ATEN_CPU_CAPABILITY": "default"}
+INTERPRETER_PATH = Path(__file__).with_name("interpreter")
 
 
 def engine_environ(engine: build.Engine, **env: str) -> dict[str, str]:
     """This process's environment with `engine` first on the path and no PB_* variables but those
     in `env` (and INTERPRETER_ENV under Triton's interpreter)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
+    path = [str(engine.site)]
     if env.get("TRITON_INTERPRET") == "1":
         environ.update(INTERPRETER_ENV)
-    environ.update(PYTHONPATH=str(engine.site), **env)
+        path.insert(0, str(INTERPRETER_PATH))
+    environ.update(PYTHONPATH=os.pathsep.join(path), **env)
     return environ
 
 

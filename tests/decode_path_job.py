@@ -69,7 +69,7 @@ def mask_cases(count: int = 300) -> tuple[int, list]:
     """0240's device-side mask builder against upstream's, on random steps (on the CPU here)."""
     import random
 
-    from transformers._pb.async_io import build_mask
+    from transformers._pb.runtime.async_io import build_mask
     from transformers.generation.continuous_batching.utils import build_attention_mask
 
     rng = random.Random(0)
@@ -158,7 +158,7 @@ def causal_prefill(model_dir: str) -> dict:
         import_utils.is_cuda_stream_capturing = capturing
     report["layers"] = model.config.num_hidden_layers
     torch.nn.functional.scaled_dot_product_attention = sdpa
-    from transformers._pb import causal_prefill as marks
+    from transformers._pb.runtime import causal_prefill as marks
 
     report["steps"] = dict(marks.STEPS)  # how 0270 marked each step (empty with the knob off)
     return report

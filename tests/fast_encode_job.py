@@ -6,7 +6,7 @@ import json
 import sys
 
 from transformers import AutoTokenizer
-from transformers._pb import split_encode
+from transformers._pb.runtime import split_encode
 
 from patchbay import prompt_texts
 

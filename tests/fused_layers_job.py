@@ -12,7 +12,8 @@ assert os.environ.get("PB_FUSED_PROJ") == "1"
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-from transformers._pb import fused_norm, fused_proj, fused_rope, knobs  # noqa: E402
+from transformers._pb.ops import fused_norm, fused_proj, fused_rope
+from transformers._pb import knobs  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe as modeling  # noqa: E402
 
 report = {}
@@ -25,7 +26,7 @@ knobs.load()
 fused_rope.at_load(), fused_norm.at_load()
 report["on_installs"] = (modeling.apply_rotary_pos_emb is fused_rope.apply_rotary_pos_emb
                          and modeling.Glm4MoeRMSNorm.forward is fused_norm.forward)
-upstream_rope, upstream_norm = fused_rope.UPSTREAM, fused_norm.UPSTREAM_FORWARD
+upstream_rope, upstream_norm = fused_rope.SWAP.upstream(), fused_norm.SWAP.upstream()
 
 
 def rope_inputs(dtype, batch, seq, heads, kv_heads, dim, rotary, cos_batch=None):
@@ -81,7 +82,8 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 
 # The tiny model: greedy replies with both knobs on equal upstream's, and both kernels ran.
 calls = {"rope": 0, "norm": 0}
-rope_kernel, norm_kernel = fused_rope.pb_rope, fused_norm.pb_rms_norm
+rope_kernels, norm_kernels = fused_rope.kernels("fused_rope"), fused_norm.kernels("fused_norm")
+rope_kernel, norm_kernel = rope_kernels.pb_rope, norm_kernels.pb_rms_norm
 
 
 class Counted:
@@ -100,7 +102,7 @@ with torch.no_grad():
     fused_rope.restore(), fused_norm.restore()
     off = model.generate(ids, max_new_tokens=24, do_sample=False)
     fused_rope.at_load(), fused_norm.at_load()
-    fused_rope.pb_rope, fused_norm.pb_rms_norm = Counted(rope_kernel, "rope"), Counted(norm_kernel, "norm")
+    rope_kernels.pb_rope, norm_kernels.pb_rms_norm = Counted(rope_kernel, "rope"), Counted(norm_kernel, "norm")
     on = model.generate(ids, max_new_tokens=24, do_sample=False)
 report["tiny_greedy_equal"] = bool(torch.equal(off, on))
 report["tiny_new_tokens"] = int(on.shape[1] - ids.shape[1])

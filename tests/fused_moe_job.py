@@ -10,7 +10,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Glm4MoeConfig  # noqa: E402
-from transformers._pb import fused_moe, knobs  # noqa: E402
+from transformers._pb.ops import fused_moe, stable_launch
+from transformers._pb import knobs  # noqa: E402
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts  # noqa: E402
 
 torch.manual_seed(0)
@@ -54,10 +55,10 @@ with torch.no_grad():
     report["prefill_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(module, x, index, weights),
                                                   grouped_mm_experts_forward(module, x, index, weights))
     # Without the interpreter a CPU tensor cannot run Triton: upstream's grouped_mm answers.
-    os.environ["TRITON_INTERPRET"] = "0"
+    fused_moe.INTERPRET = False
     report["cpu_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(module, x[:4], index[:4], weights[:4]),
                                               grouped_mm_experts_forward(module, x[:4], index[:4], weights[:4]))
-    os.environ["TRITON_INTERPRET"] = "1"
+    fused_moe.INTERPRET = True
     report["decode_is_fused"] = not torch.equal(fused_moe.experts_forward(module, x[:4], index[:4], weights[:4]),
                                                 grouped_mm_experts_forward(module, x[:4], index[:4], weights[:4]))
 
@@ -103,9 +104,9 @@ for tokens, experts, top_k in [(1, 128, 8), (3, 8, 2), (8, 128, 8), (17, 8, 3), 
         index[2, 1] = -1  # masked the other way
     rows, blocks = fused_moe.align(index, experts)
     rows_t, blocks_t = fused_moe.align_torch(index, experts)
-    fused_moe.STABLE_ALIGN = True  # 0450: one launch at the largest size, masked to the step
+    stable_launch.STABLE = True  # 0450: one launch at the largest size, masked to the step
     rows_s, blocks_s = fused_moe.align(index, experts)
-    fused_moe.STABLE_ALIGN = False
+    stable_launch.STABLE = False
     kept = index.reshape(-1)
     kept = kept[(kept >= 0) & (kept < experts)]
     used = int((blocks >= 0).sum())

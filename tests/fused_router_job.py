@@ -9,7 +9,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("PB_FUSED_RO
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Glm4MoeConfig  # noqa: E402
-from transformers._pb import fused_router, knobs  # noqa: E402
+from transformers._pb.ops import fused_router
+from transformers._pb import knobs  # noqa: E402
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter  # noqa: E402
 
 report = {"rows": []}

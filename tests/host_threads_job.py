@@ -5,7 +5,8 @@ threads before and after it. Prints one JSON line."""
 import json
 
 import torch
-from transformers._pb import host_threads, knobs
+from transformers._pb.runtime import host_threads
+from transformers._pb import knobs
 
 before = torch.get_num_threads()
 try:

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from transformers._pb import invariant_gemm
+from transformers._pb.ops import invariant_gemm
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -219,7 +219,7 @@ report = {"registered_at_load": invariant_gemm._library is not None, "tma_at_loa
           "random": random_products(), "rows": rows_alone_vs_batched(), "torch_ops": registered(), "router": router(),
           "tma": tma()}
 if len(sys.argv) > 1:
-    from transformers._pb import varlen_attention
+    from transformers._pb.ops import varlen_attention
 
     varlen_attention.at_load()
     report["tiny"] = tiny_logprobs(sys.argv[1])

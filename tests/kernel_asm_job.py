@@ -14,7 +14,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from transformers._pb import fused_moe, invariant_gemm_kernel, moe_one_path, varlen_attention_kernel
+from transformers._pb.ops import fused_moe, moe_one_path
+from transformers._pb.ops.kernels import fused_moe as moe_kernels, invariant_gemm as gemm_kernels
+from transformers._pb.ops.kernels import varlen_attention as attention_kernels
 
 ALIGNED = ["tt.divisibility", 16]  # what the launcher tells the compiler of a 16-byte aligned argument
 
@@ -36,7 +38,7 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps
             "shared_bytes": kernel.metadata.shared, "values_a_thread": out_tile[0] * out_tile[1] // (32 * warps)}
 
 
-_, gate_up, down = fused_moe._get_kernels()
+gate_up, down = moe_kernels.pb_moe_gate_up, moe_kernels.pb_moe_down
 MOE_INTS = ["n_pairs", "hidden", "inter", "stride_we", "stride_wn"]
 down_sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
             "weights_ptr": "*fp32", "n_pairs": "i32", "hidden": "i32", "inter": "i32", "stride_h": "i32",
@@ -67,7 +69,7 @@ gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": 
             "CHUNKED": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
             "GROUP_M": "constexpr", "PRECISION": "constexpr"}
 report["invariant_gemm_prompt"] = compile_for_sm90(
-    invariant_gemm_kernel.pb_gemm, gemm_sig,
+    gemm_kernels.pb_gemm, gemm_sig,
     {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
      "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"},
     pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3, (128, 128))
@@ -79,7 +81,7 @@ attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*b
             "stride_ot": "i32", "stride_oh": "i32", "GROUPS": "constexpr", "HEAD_DIM": "constexpr",
             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr", "FAST": "constexpr"}
 report["varlen_attention_prompt"] = compile_for_sm90(
-    varlen_attention_kernel.pb_varlen_attention, attn_sig,
+    attention_kernels.pb_varlen_attention, attn_sig,
     {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False},
     pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
 print(json.dumps(report))

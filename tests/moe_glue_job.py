@@ -10,7 +10,8 @@ assert os.environ.get("PB_MOE_GATE") == "1"
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
-from transformers._pb import knobs, moe_combine, moe_gate  # noqa: E402
+from transformers._pb import knobs
+from transformers._pb.ops import moe_combine, moe_gate  # noqa: E402
 from transformers.integrations import moe as upstream_moe  # noqa: E402
 
 report = {}

@@ -14,7 +14,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 
 import torch  # noqa: E402
 from transformers import Glm4MoeConfig  # noqa: E402
-from transformers._pb import fused_moe, moe_one_path  # noqa: E402
+from transformers._pb.ops import fused_moe, moe_one_path  # noqa: E402
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts  # noqa: E402
 
 torch.manual_seed(0)
@@ -101,7 +101,7 @@ def tiny_logprobs(model_dir: str) -> dict:
     pairs for the decode size) and beside three longer ones (above it), through the batching loop.
     FUSED_MAX_PAIRS is cut to 16 so the tiny model's steps cross it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers._pb import invariant_gemm, varlen_attention
+    from transformers._pb.ops import invariant_gemm, varlen_attention
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     fused_moe.register()

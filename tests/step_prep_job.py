@@ -110,7 +110,7 @@ def step_masks(count: int = 200) -> dict:
     device against upstream's host-built mask."""
     from itertools import accumulate
 
-    from transformers._pb import step_prep
+    from transformers._pb.runtime import step_prep
     from transformers.generation.continuous_batching.utils import build_attention_mask
 
     real, short_path = step_prep.decode_mask, []

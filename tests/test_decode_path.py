@@ -37,7 +37,7 @@ def causal(patched_engine, tiny_model):
 
 
 def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
-    buckets = engine_module(patched_engine, "buckets")
+    buckets = engine_module(patched_engine, "runtime.buckets")
     for parts in (1, 4, 8):
         assert [buckets.round_up(n, parts) for n in range(1, 2 * parts + 1)] == list(range(1, 2 * parts + 1)) \
             if parts > 1 else [1, 2]
@@ -49,7 +49,7 @@ def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
 
 
 def test_pad_rounds_to_few_shapes_within_the_caps(patched_engine):
-    buckets = engine_module(patched_engine, "buckets")
+    buckets = engine_module(patched_engine, "runtime.buckets")
     qs = {buckets.pad(q, 0, 8192, 10**6)[0] for q in range(1, 8193)}
     kvs = {buckets.pad(1, kv, 8192, 10**6)[1] for kv in range(0, 10**6 + 1, 97)}
     # graphs grow with the logarithm of the sizes: 7 powers of two, then 8 shapes an octave for the
@@ -104,7 +104,7 @@ def test_compile_level_is_set_by_the_knob_unless_the_config_sets_one(off, on):
 
 def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
     assert off["switch_interval"] == pytest.approx(0.005)  # Python's own
-    code = "import sys; from transformers._pb import switch; switch.apply(); print(sys.getswitchinterval())"
+    code = "import sys; from transformers._pb.runtime import switch; switch.apply(); print(sys.getswitchinterval())"
     proc = engine_code(code, patched_engine, PB_SWITCH_INTERVAL="500")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout) == pytest.approx(0.0005)
@@ -121,7 +121,7 @@ def test_plain_greedy_rows_of_a_greedy_batch_are_left_to_the_batch(patched_engin
 
     import torch
 
-    sampler = engine_module(patched_engine, "sampler")
+    sampler = engine_module(patched_engine, "runtime.sampler")
     logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 1.0, 2.0]]])
     states = [SimpleNamespace(request_id=r) for r in ("greedy-a", "greedy-b", "biased")]
     io = SimpleNamespace(requests_in_batch=[SimpleNamespace(state=s, has_new_token=True) for s in states])

@@ -35,7 +35,7 @@ TOOLS = [WEATHER, {"type": "function", "function": {"name": "now", "parameters":
 
 @pytest.fixture(scope="module")
 def glm(patched_engine):
-    return engine_module(patched_engine, "glm_parser")
+    return engine_module(patched_engine, "api.glm_parser")
 
 
 def both_ways(glm, text, truncated=False, in_reasoning=False):

@@ -51,7 +51,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def grammar(patched_engine):
-    return engine_module(patched_engine, "grammar")
+    return engine_module(patched_engine, "api.grammar")
 
 
 @pytest.fixture(scope="module")

@@ -52,12 +52,12 @@ def in_graph(fn):
 
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rotary_gives_upstreams_bits(tokens):
-    from transformers._pb import fused_rope
+    from transformers._pb.ops import fused_rope
 
     torch.manual_seed(tokens)
     q, k, cos, sin = rope_inputs(tokens)
     # the knob is off here: the module's function is upstream's, and the fused one's fallback
-    upstream = fused_rope.UPSTREAM = fused_rope.UPSTREAM or modeling().apply_rotary_pos_emb
+    upstream = fused_rope.SWAP.upstream()
     ref = upstream(q, k, cos, sin)
     assert fused_rope.fits(q, k, cos, sin, 1)
     for got in (fused_rope.apply_rotary_pos_emb(q, k, cos, sin),
@@ -68,10 +68,10 @@ def test_rotary_gives_upstreams_bits(tokens):
 
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rms_norm_stays_within_a_rounding_of_upstreams(tokens):
-    from transformers._pb import fused_norm
+    from transformers._pb.ops import fused_norm
 
     Norm = modeling().Glm4MoeRMSNorm
-    upstream = fused_norm.UPSTREAM_FORWARD = fused_norm.UPSTREAM_FORWARD or Norm.forward
+    upstream = fused_norm.SWAP.upstream()
     torch.manual_seed(tokens)
     norm = Norm(HIDDEN, eps=1e-5).cuda().bfloat16()
     with torch.no_grad():
@@ -90,7 +90,7 @@ def test_rms_norm_stays_within_a_rounding_of_upstreams(tokens):
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_router_picks_upstreams_experts(tokens):
     from transformers import Glm4MoeConfig
-    from transformers._pb import fused_router
+    from transformers._pb.ops import fused_router
 
     config = Glm4MoeConfig(hidden_size=HIDDEN, n_routed_experts=128, num_experts_per_tok=8, n_group=1,
                            topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)
@@ -100,7 +100,7 @@ def test_router_picks_upstreams_experts(tokens):
         router.weight.normal_(0, 0.02)
         router.e_score_correction_bias.normal_(0, 0.01)
         x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
-        logits, ref_w, ref_i = (fused_router.UPSTREAM_FORWARD or type(router).forward)(router, x)
+        logits, ref_w, ref_i = fused_router.SWAP.upstream()(router, x)
         assert fused_router.fits(router, x)
         for w, i in (fused_router.select(router, logits), in_graph(lambda: fused_router.select(router, logits))):
             assert torch.equal(ref_i.sort(dim=1).values, i.sort(dim=1).values)
@@ -115,7 +115,7 @@ def test_fused_projections_stay_within_a_rounding_of_the_separate_ones(tokens):
     outputs up to the last bits of the sums (cuBLAS may split the wider sum otherwise)."""
     from torch import nn
 
-    from transformers._pb import fused_proj
+    from transformers._pb.ops import fused_proj
 
     torch.manual_seed(tokens)
     attn, mlp = nn.Module(), nn.Module()
@@ -145,7 +145,7 @@ def test_moe_combine_and_gate_give_the_grouped_mm_forwards_bits(tokens):
     the gate kernel and both gives the bits of upstream's own forward (routing weights in float32,
     as the router gives them, and in bf16)."""
     from transformers import Glm4MoeConfig
-    from transformers._pb import moe_combine, moe_gate
+    from transformers._pb.ops import moe_combine, moe_gate
     from transformers.integrations.moe import grouped_mm_experts_forward
 
     config = Glm4MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=1408, n_routed_experts=128,
@@ -177,7 +177,7 @@ def test_moe_combine_and_gate_give_the_grouped_mm_forwards_bits(tokens):
 
 def test_moe_gate_gives_upstreams_bits_over_the_whole_bf16_range():
     """0330 alone: silu(gate) * up for every finite bf16 gate value against torch's kernels."""
-    from transformers._pb import moe_gate
+    from transformers._pb.ops import moe_gate
     from transformers.integrations.moe import _default_apply_gate
 
     class Experts(torch.nn.Module):
@@ -227,7 +227,7 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
     in the whole step."""
     from types import SimpleNamespace
 
-    from transformers._pb import varlen_attention
+    from transformers._pb.ops import varlen_attention
     from transformers.generation.continuous_batching.utils import build_attention_mask
 
     gen = torch.Generator(device="cuda").manual_seed(len(seqs))
@@ -262,15 +262,15 @@ def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
     each of them and the attention for 1, 2 and 16 sequences."""
     from types import SimpleNamespace
 
-    from transformers._pb import fused_moe, stable_launch, varlen_attention
+    from transformers._pb.ops import fused_moe, stable_launch, varlen_attention
 
     gen = torch.Generator().manual_seed(0)
     try:
         for tokens in range(1, fused_moe.ALIGN_MAX_PAIRS // 8 + 1):
             index = torch.stack([torch.randperm(128, generator=gen)[:8] for _ in range(tokens)]).cuda()
-            fused_moe.STABLE_ALIGN = False
+            stable_launch.STABLE = False
             want = fused_moe.align(index, 128)
-            fused_moe.STABLE_ALIGN = True
+            stable_launch.STABLE = True
             got = fused_moe.align(index, 128)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), tokens
         config = SimpleNamespace(num_experts_per_tok=8, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
@@ -281,7 +281,7 @@ def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
         model = SimpleNamespace(config=config, modules=lambda: [experts], parameters=lambda: iter([weight]))
         monkeypatch.setattr(fused_moe, "on", lambda: True)
         assert stable_launch.warm_align(model) == fused_moe.ALIGN_MAX_PAIRS // 8
-        varlen_attention.ENABLED = varlen_attention.STABLE = True
+        varlen_attention.ENABLED = stable_launch.STABLE = True
         assert stable_launch.warm_attention(model) == len(stable_launch.ATTENTION_WARM_SEQUENCES)
         torch.cuda.synchronize()
     finally:
@@ -305,7 +305,7 @@ def test_invariant_gemm_stays_near_cublas_and_gives_a_row_the_same_bits_among_an
     kernel and restore gives cuBLAS back."""
     import torch.nn.functional as F
 
-    from transformers._pb import invariant_gemm
+    from transformers._pb.ops import invariant_gemm
 
     n, k, has_bias, dtype = GEMMS[name]
     gen = torch.Generator(device="cuda").manual_seed(n)
@@ -349,7 +349,7 @@ def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_
     (with 0410, the prompt-sized steps' operands read through TMA)."""
     import torch.nn.functional as F
 
-    from transformers._pb import invariant_gemm
+    from transformers._pb.ops import invariant_gemm
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     w = (torch.randn((128, 4096), generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
@@ -377,7 +377,7 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
     token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm; with
     0430 the large steps read the weights through TMA."""
     from transformers import Glm4MoeConfig
-    from transformers._pb import fused_moe, moe_one_path
+    from transformers._pb.ops import fused_moe, moe_one_path
     from transformers.integrations.moe import grouped_mm_experts_forward
 
     config = Glm4MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=1408, n_routed_experts=128,

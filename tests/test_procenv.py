@@ -44,7 +44,7 @@ def test_a_rank_environment_is_the_torch_distributed_one_with_multicast_off():
 
 def test_no_other_file_of_the_tooling_spells_the_environment_out():
     names = [*procenv.ENGINE, *procenv.NO_MULTICAST]
-    places = [*(ROOT / "src" / "patchbay").glob("*.py"), *(ROOT / "scripts").iterdir(), *(ROOT / "docker").iterdir()]
+    places = [*(ROOT / "src" / "patchbay").rglob("*.py"), *(ROOT / "scripts").iterdir(), *(ROOT / "docker").iterdir()]
     found = [f"{p.relative_to(ROOT)}: {n}" for p in places if p.is_file() and p.name != "procenv.py"
              for n in names if n in p.read_text(errors="replace")]
     assert found == []
@@ -52,7 +52,7 @@ def test_no_other_file_of_the_tooling_spells_the_environment_out():
 
 def test_the_engine_keeps_multicast_off_by_the_same_names():
     """0200's rank setup defaults these itself (an engine started by hand has no patchbay): the same values."""
-    tree = ast.parse((ROOT / "engine" / "_pb" / "tp.py").read_text())
+    tree = ast.parse((ROOT / "engine" / "_pb" / "runtime" / "tp.py").read_text())
     nccl_env = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                     and any(getattr(t, "id", "") == "NCCL_ENV" for t in n.targets))
     assert procenv.NO_MULTICAST.items() <= nccl_env.items()

@@ -66,7 +66,7 @@ def texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def split(patched_engine):
-    module = engine_module(patched_engine, "split_encode")
+    module = engine_module(patched_engine, "runtime.split_encode")
     module.knobs.get = lambda name: name == "PB_SPLIT_ENCODE"  # the knob on, read by this module only
     saved = module.PIECES, module.MIN_CHARS, module.PIECE_CHARS
     module.PIECES, module.MIN_CHARS, module.PIECE_CHARS = 8, 4096, 512  # many cuts a text

@@ -13,7 +13,7 @@ import torch
 from transformers.generation.continuous_batching.utils import build_attention_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from transformers._pb import varlen_attention
+from transformers._pb.ops import stable_launch as launch_keys, varlen_attention
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
 MODULE = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
@@ -85,11 +85,11 @@ def stable_launch() -> dict:
     seqs = [(rng.randint(0, 20), rng.choice([1, 1, 1, rng.randint(2, 9)])) for _ in range(68)]
     seqs += [(5, 140), (0, 1)]  # a prompt of two blocks, 69th, then a decode row
     q, k, v, cu_q, cu_k = step(seqs, 2, 3, gen)
-    varlen_attention.STABLE = False
+    launch_keys.STABLE = False
     once = kernel(q, k, v, cu_q, cu_k)
-    varlen_attention.STABLE = True
+    launch_keys.STABLE = True
     chunked = kernel(q, k, v, cu_q, cu_k)
-    varlen_attention.STABLE = False
+    launch_keys.STABLE = False
     want = reference(q, k, v, cu_q, cu_k)
     real = cu_q[-1]
     return {"sequences": len(seqs), "prompts": sum(n > 1 for _, n in seqs),

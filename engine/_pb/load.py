@@ -11,8 +11,9 @@ under its Modules); nothing else calls these modules' hooks.
 
 from __future__ import annotations
 
-from . import fused_moe, fused_norm, fused_proj, fused_rope, fused_router, invariant_gemm, moe_combine, \
-    moe_gate, moe_one_path, stable_launch, tp, varlen_attention
+from .ops import fused_moe, fused_norm, fused_proj, fused_rope, fused_router, invariant_gemm, moe_combine
+from .ops import moe_gate, moe_one_path, stable_launch, varlen_attention
+from .runtime import tp
 
 # model_kwargs(kwargs) -> kwargs: the arguments the weights are loaded with (0200 TP plan, 0220 experts)
 KWARGS = (tp, fused_moe)

@@ -49,8 +49,8 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
     import torch.nn.functional as F
 
     from transformers import Glm4MoeConfig
-    from transformers._pb import (fused_moe, fused_norm, fused_rope, fused_router, moe_combine, moe_gate,
-                                  varlen_attention)
+    from transformers._pb.ops import (fused_moe, fused_norm, fused_rope, fused_router, moe_combine, moe_gate,
+                                      varlen_attention)
     from transformers.integrations.moe import grouped_mm_experts_forward
     from transformers.models.glm4_moe import modeling_glm4_moe as modeling
 
@@ -79,9 +79,9 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         router.weight.copy_(w_router)
         router.e_score_correction_bias.copy_(weight(s["experts"], scale=0.01, dtype=torch.float32))
         norm.weight.copy_(weight(s["hidden"], scale=0.2) + 1)
-    upstream_norm = fused_norm.UPSTREAM_FORWARD or modeling.Glm4MoeRMSNorm.forward
-    upstream_rope = fused_rope.UPSTREAM or modeling.apply_rotary_pos_emb
-    upstream_router = fused_router.UPSTREAM_FORWARD or modeling.Glm4MoeTopkRouter.forward
+    upstream_norm = fused_norm.SWAP.upstream()
+    upstream_rope = fused_rope.SWAP.upstream()
+    upstream_router = fused_router.SWAP.upstream()
 
     def rope(x):
         rows = x.shape[0]

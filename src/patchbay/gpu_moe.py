@@ -28,7 +28,7 @@ _SPEC = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)")
 
 def parse_tiles(text: str):
     """`16x256w4s4/32x128w4s4` -> (Tiles, Tiles); `shipped` -> None (what the engine runs)."""
-    from transformers._pb.fused_moe import Tiles
+    from transformers._pb.ops.fused_moe import Tiles
 
     if text == "shipped":
         return None
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(render(json.loads(Path(argv[1]).read_text())))
         return 0
     import torch
-    from transformers._pb import fused_moe
+    from transformers._pb.ops import fused_moe
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
 
     from .synth import air12_config

@@ -168,7 +168,7 @@ def run_prefill(manager, vocab: int, length: int, reps: int, salt: int = 0) -> d
 def _causal_steps() -> dict:
     """0270's count of the steps it marked causal, or the condition that kept each one masked."""
     try:
-        from transformers._pb import causal_prefill
+        from transformers._pb.runtime import causal_prefill
     except ImportError:
         return {}
     return dict(getattr(causal_prefill, "STEPS", {}))
@@ -408,7 +408,7 @@ def main(argv: list[str]) -> int:
         setting_levels = setting.pop("levels", levels)
         record["settings"][name] = {"experts": experts, "knobs": knobs, "cb_config": setting}
         if experts == "pb_triton":  # 0220's fused kernels: registered by the patched engine on demand
-            from transformers._pb import fused_moe
+            from transformers._pb.ops import fused_moe
 
             fused_moe.register()
         model.set_experts_implementation(experts)

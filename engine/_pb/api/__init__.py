@@ -1,0 +1,1 @@
+"""The request and response path: routes, request fields, parsing, formatting, usage."""

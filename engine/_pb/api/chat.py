@@ -1,0 +1,417 @@
+"""patchbay's reply path for /v1/chat/completions under continuous batching.
+
+Upstream builds the prompt and the generation config; from there this module submits the
+request to the continuous-batching manager, decodes tokens as they come (special tokens
+kept, so GLM markup is seen), parses them with `glm_parser` and answers in the OpenAI
+shape, streamed or not. It is entered only when one of its knobs is on for the request
+(see `engaged`); otherwise upstream answers, unchanged.
+"""
+
+import asyncio
+import contextvars
+import hashlib
+import json
+import time
+
+from . import fingerprint, forced, glm_parser, grammar, usage
+from ..runtime import graphs, sampler
+from .. import knobs
+
+
+GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
+
+
+def parses(model) -> bool:
+    return bool(knobs.get("PB_GLM_PARSER")) and getattr(model.config, "model_type", None) in GLM_TYPES
+
+
+def samples() -> bool:
+    return bool(knobs.get("PB_REQUEST_SAMPLING"))
+
+
+def engaged(model, use_cb: bool) -> bool:
+    """Whether this request takes patchbay's reply path (continuous batching only)."""
+    return use_cb and (parses(model) or samples() or forced.on() or grammar.on() or grammar.tools_on())
+
+
+# Fields of the request that upstream's validation must not see (or would only warn about).
+_fields: contextvars.ContextVar = contextvars.ContextVar("pb_chat_fields", default=None)
+SAMPLING_FIELDS = ("top_k", "min_p", "presence_penalty", "logprobs", "top_logprobs", "n")
+# Accepted by the OpenAI schema, but nothing here can honour them: refused by name.
+UNSUPPORTED_FIELDS = ("audio", "function_call", "functions", "modalities", "prediction", "web_search_options")
+
+
+def _bad(message: str, param: str, code: str = "invalid_request") -> knobs.PBRequestError:
+    return knobs.PBRequestError(400, message, code=code, param=param)
+
+
+def take_fields(body: dict) -> None:
+    """Before upstream validates the body: take the fields this module answers for."""
+    taken = {}
+    if samples():
+        unsupported = sorted(k for k in UNSUPPORTED_FIELDS if body.get(k) is not None)
+        if unsupported:
+            raise _bad(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0], "unsupported_field")
+        for key in SAMPLING_FIELDS:
+            if key in body:
+                taken[key] = body.pop(key)
+        if taken.get("n") not in (None, 1):
+            raise _bad(f"n={taken['n']!r} is not supported (allowed: 1)", "n", "unsupported_value")
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = body.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise _bad(f"{key}={value!r} is not valid (allowed: an integer of at least 1)", key, "invalid_value")
+    if forced.on() and "pb_forced" in body:
+        taken["pb_forced"] = body.pop("pb_forced")
+    if grammar.on():
+        for key in grammar.FIELDS:
+            if key in body:
+                taken[key] = body.pop(key)
+    _fields.set(taken)
+
+
+def _number(value, name: str, low: float, high: float, integer: bool = False):
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+        what = "an integer" if integer else "a number"
+        raise _bad(f"{name}={value!r} is not valid (allowed: {what} from {low} to {high})", name, "invalid_value")
+    return value
+
+
+def spec_for(body: dict, gen_config, tokenizer) -> "sampler.Spec | None":
+    """The request's own sampling settings (None when PB_REQUEST_SAMPLING is off)."""
+    if not samples():
+        return None
+    taken = _fields.get() or {}
+    spec = sampler.Spec()
+    temperature = body.get("temperature")
+    if temperature is not None:
+        spec.temperature = float(_number(temperature, "temperature", 0, 2))
+    if body.get("top_p") is not None:
+        spec.top_p = float(_number(body["top_p"], "top_p", 0, 1))
+    if taken.get("top_k") is not None:
+        spec.top_k = _number(taken["top_k"], "top_k", 0, 1 << 20, integer=True)
+    if taken.get("min_p") is not None:
+        spec.min_p = float(_number(taken["min_p"], "min_p", 0, 1))
+    asks_sampling = body.get("top_p") is not None or taken.get("top_k") or taken.get("min_p")
+    if temperature is not None:
+        spec.do_sample = spec.temperature > 0
+    else:
+        spec.do_sample = bool(asks_sampling or getattr(gen_config, "do_sample", False))
+        spec.temperature = float(getattr(gen_config, "temperature", None) or 1.0)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = taken.get(name) if name in taken else body.get(name)
+        if value is not None:
+            setattr(spec, name, float(_number(value, name, -2, 2)))
+    if body.get("logit_bias"):
+        bias = body["logit_bias"]
+        vocab = len(tokenizer)
+        try:
+            spec.logit_bias = {int(k): float(_number(v, "logit_bias", -100, 100)) for k, v in bias.items()}
+        except (AttributeError, ValueError):
+            raise _bad("logit_bias must map token ids to numbers from -100 to 100", "logit_bias") from None
+        if any(not 0 <= k < vocab for k in spec.logit_bias):
+            raise _bad(f"logit_bias has a token id outside the vocabulary (0 to {vocab - 1})", "logit_bias")
+    if body.get("seed") is not None:
+        spec.seed = _number(body["seed"], "seed", -(1 << 63), (1 << 63) - 1, integer=True) % (1 << 63)
+    if taken.get("logprobs"):
+        spec.logprobs = True
+        if taken.get("top_logprobs") is not None:
+            spec.top_logprobs = _number(taken["top_logprobs"], "top_logprobs", 0, 20, integer=True)
+    elif taken.get("top_logprobs"):
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return spec
+
+
+class Reply:
+    """One request's generation: tokens in, parser events out."""
+
+    def __init__(self, request_id: str, tokenizer, input_ids: list[int], tools, model, max_new_tokens,
+                 spec=None, stops=(), eos=None):
+        from tokenizers.decoders import DecodeStream
+
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.rust = tokenizer._tokenizer
+        self.prompt_len = len(input_ids)
+        self.max_new_tokens = max_new_tokens
+        self.decoder = DecodeStream([], skip_special_tokens=False)
+        prompt_tail = tokenizer.decode(input_ids[-8:]) if input_ids else ""
+        opens_thinking = prompt_tail.rstrip().endswith(glm_parser.THINK)
+        self.tools, self.opens_thinking = tools, opens_thinking
+        self.parser = glm_parser.GlmParser(tools, in_reasoning=opens_thinking) if parses(model) else None
+        self.spec, self.stops = spec, tuple(stops)
+        # End-of-turn tokens end the reply; they are never text of it, whatever they decode to.
+        self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.unfed = ""  # decoded text not yet given to the parser (a stop string may start in it)
+        self.tokens: list[int] = []
+        self.text = ""  # what the parser was given
+        self.error: str | None = None
+        self.finished = False
+        self.stopped = False  # a stop string ended the reply
+        self.call_ids: dict[int, str] = {}
+        self.calls_ended = 0
+        self.logprobs: list[dict] = []
+        self.reasoning_tokens = 0
+        usage.watch(request_id)
+
+    # -- tokens in ----------------------------------------------------------------------
+
+    def take(self, output) -> list:
+        """New tokens of a GenerationOutput -> parser events (or raw text events)."""
+        events = []
+        for token in output.generated_tokens[len(self.tokens):]:
+            if self.stopped:
+                break
+            self.tokens.append(int(token))
+            self._record_logprob(len(self.tokens) - 1)
+            if int(token) in self.eos:
+                continue
+            piece = self.decoder.step(self.rust, int(token))
+            if piece:
+                events += self._feed(piece)
+            if self.parser is not None and (self.parser.mode == "reasoning" or glm_parser.END_THINK in (piece or "")):
+                self.reasoning_tokens += 1
+        if output.error is not None:
+            self.error = str(output.error)
+        if (output.is_finished() or self.stopped) and not self.finished:
+            self.finished = True
+            events += self._finish()
+        return events
+
+    def _feed(self, piece: str) -> list:
+        self.unfed += piece
+        for stop in self.stops:
+            at = self.unfed.find(stop)
+            if at != -1:
+                self.unfed, self.stopped = self.unfed[:at], True
+        if self.stopped:
+            ready, self.unfed = self.unfed, ""
+        else:
+            cut = len(self.unfed) - self.hold
+            ready, self.unfed = self.unfed[:cut], self.unfed[cut:]
+        return self._parse(ready)
+
+    def _parse(self, text: str) -> list:
+        if not text:
+            return []
+        self.text += text
+        return [("content", text)] if self.parser is None else self.parser.feed(text)
+
+    def _finish(self) -> list:
+        events = self._parse(self.unfed)
+        self.unfed = ""
+        if self.parser is not None:
+            events += self.parser.finish(truncated=self.truncated)
+        return events
+
+    @property
+    def truncated(self) -> bool:
+        return not self.stopped and self.max_new_tokens is not None and len(self.tokens) >= self.max_new_tokens
+
+    def _record_logprob(self, i: int) -> None:
+        spec = self.spec
+        if spec is None or not spec.logprobs or i >= len(spec.chosen_logprobs):
+            return
+        entry = self._token_entry(self.tokens[i], spec.chosen_logprobs[i])
+        entry["top_logprobs"] = [self._token_entry(t, lp) for t, lp in (spec.top[i] if spec.top_logprobs else [])]
+        self.logprobs.append(entry)
+
+    def _token_entry(self, token: int, logprob: float) -> dict:
+        text = self.tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    # -- OpenAI shapes ------------------------------------------------------------------
+
+    def call_id(self, index: int) -> str:
+        if index not in self.call_ids:
+            digest = hashlib.sha256(f"{self.request_id}/{index}".encode()).hexdigest()[:20]
+            self.call_ids[index] = f"call_{digest}"
+        return self.call_ids[index]
+
+    def finish_reason(self) -> str:
+        if self.truncated:
+            return "length"
+        return "tool_calls" if self.calls_ended else "stop"
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.tokens),
+                "total_tokens": self.prompt_len + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": usage.cached(self.request_id)},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+
+    def deltas(self, events) -> list[dict]:
+        """Parser events -> OpenAI chunk deltas, in order."""
+        out = []
+        for event in events:
+            kind = event[0]
+            if kind == "content":
+                out.append({"content": event[1]})
+            elif kind == "reasoning":
+                out.append(reasoning_delta(event[1]))
+            elif kind == "call":
+                out.append({"tool_calls": [{"index": event[1], "id": self.call_id(event[1]), "type": "function",
+                                            "function": {"name": event[2], "arguments": ""}}]})
+            elif kind == "args":
+                out.append({"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]})
+            elif kind == "end":
+                self.calls_ended += 1
+        return out
+
+    def message(self) -> dict:
+        """The whole reply as a non-streamed assistant message (parsed in one pass)."""
+        if self.parser is None:
+            return {"role": "assistant", "content": self.text if self.stops else
+                    self.tokenizer.decode(self.tokens, skip_special_tokens=True)}
+        parsed = glm_parser.parse(self.text, tools=self.tools, in_reasoning=self.opens_thinking,
+                                  truncated=self.truncated)
+        message = {"role": "assistant", "content": parsed["content"]}
+        message.update(reasoning_message(parsed["reasoning"]))
+        if parsed["calls"]:
+            self.calls_ended = len(parsed["calls"])
+            message["tool_calls"] = [
+                {"id": self.call_id(i), "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+                for i, (name, args) in enumerate(parsed["calls"])]
+        return message
+
+
+def stop_strings(body: dict) -> tuple:
+    if not samples() or body.get("stop") is None:
+        return ()
+    stop = body["stop"]
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not 1 <= len(stops) <= 4 or not all(isinstance(s, str) and s for s in stops):
+        raise _bad("stop must be a non-empty string or a list of 1 to 4 of them", "stop")
+    return tuple(stops)
+
+
+def _reasoning_fields() -> tuple:
+    policy = knobs.get("PB_REASONING_FIELD")
+    return ("reasoning_content", "reasoning") if policy == "both" else (policy,)
+
+
+def reasoning_delta(text: str) -> dict:
+    return {field: text for field in _reasoning_fields()}
+
+
+def reasoning_message(text: str) -> dict:
+    return {field: text for field in _reasoning_fields()} if text else {}
+
+
+def _chunk(request_id: str, model_id: str, created: int, delta: dict | None, finish_reason=None, usage=None,
+           logprobs=None) -> str:
+    chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
+             "system_fingerprint": "", "choices": []}
+    if delta is not None or finish_reason is not None:
+        chunk["choices"] = [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]
+        if logprobs is not None:
+            chunk["choices"][0]["logprobs"] = {"content": logprobs}
+    if usage is not None:
+        chunk["usage"] = usage
+    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def respond(handler, body: dict, request_id: str, model_id: str, model, processor, inputs, gen_config,
+                  gen_manager):
+    """Submit the request and answer it; the hook returns what this returns."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    from . import sse
+
+    tokenizer = getattr(processor, "tokenizer", processor)
+    input_ids = list(inputs["input_ids"])
+    spec = spec_for(body, gen_config, tokenizer)
+    if forced.on():
+        reply_to_force, asked = forced.take(body, (_fields.get() or {}).get("pb_forced"))
+        if reply_to_force is not None:
+            spec = spec or sampler.Spec()
+            spec.forced = forced.token_ids(reply_to_force, tokenizer)
+            eos = gen_config.eos_token_id
+            spec.forced_end = eos[0] if isinstance(eos, (list, tuple)) else eos
+            spec.logprobs = spec.logprobs or asked
+    constraint = grammar.constraint_for(body, _fields.get() or {}, tokenizer, model, gen_config, input_ids)
+    tool_constraint = grammar.tool_constraint(body, tokenizer, model, gen_config, input_ids)
+    if constraint is not None and tool_constraint is not None:
+        raise _bad("a structured-output constraint and an enforced tool_choice cannot be combined",
+                   "tool_choice", "unsupported_combination")
+    constraint = constraint or tool_constraint
+    if constraint is not None:
+        spec = spec or sampler.Spec()
+        spec.mask = constraint
+    gen_manager._check_alive(request_id)
+    cb = gen_manager._cb
+    # Resolved when the manager was created (the batch processor may not exist yet).
+    if spec is not None and any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on():
+        # A captured graph replays its sampling without Python: the hook cannot run. A plain
+        # greedy request needs none (the batch's own settings apply); anything else is refused.
+        if not spec.plain_greedy:
+            raise _bad("per-request sampling, logprobs, forced replies and grammars are not available while "
+                       "the server captures CUDA graphs (start it without them)", "temperature",
+                       "unsupported_server_setting")
+        spec = None
+    reply = Reply(request_id, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
+                  spec=spec, stops=stop_strings(body), eos=gen_config.eos_token_id)
+    if spec is not None:
+        sampler.register(request_id, spec)
+    queue: asyncio.Queue = asyncio.Queue()
+    cb.register_result_handler(request_id, queue.put_nowait)
+    cb.add_request(input_ids, request_id=request_id, streaming=True, max_new_tokens=gen_config.max_new_tokens,
+                   eos_token_id=gen_config.eos_token_id)
+    created = int(time.time())
+
+    def done() -> None:
+        sampler.release(request_id)
+        usage.release(request_id)
+        if reply.stopped or not reply.finished:
+            cb.cancel_request(request_id)
+            with cb.output_router._lock:
+                cb.output_router.result_handlers.pop(request_id, None)
+
+    if not body.get("stream"):
+        try:
+            while not reply.finished:
+                reply.take(await queue.get())
+            if reply.error is not None:
+                raise RuntimeError(f"generation failed for {request_id}: {reply.error}")
+            choice = {"index": 0, "message": reply.message(), "finish_reason": reply.finish_reason()}
+            if spec is not None and spec.logprobs:
+                choice["logprobs"] = {"content": reply.logprobs}
+            result = {"id": request_id, "object": "chat.completion", "created": created, "model": model_id,
+                      "choices": [choice], "usage": reply.usage()}
+        finally:
+            done()
+        return JSONResponse(fingerprint.stamp(result, reply.tokens, request_id))
+
+    async def events():
+        try:
+            yield _chunk(request_id, model_id, created, {"role": "assistant", "content": ""})
+            while not reply.finished:
+                output = await queue.get()
+                seen = len(reply.logprobs)
+                deltas = reply.deltas(reply.take(output))
+                fresh = reply.logprobs[seen:]
+                if fresh and not deltas:
+                    deltas = [{}]
+                parts = [_chunk(request_id, model_id, created, d, logprobs=fresh if i == 0 and fresh else None)
+                         for i, d in enumerate(deltas)]
+                if reply.error is not None:
+                    parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
+                    yield "".join(parts)
+                    return
+                if parts:
+                    yield "".join(parts)
+            final = _chunk(request_id, model_id, created, {}, reply.finish_reason(), reply.usage())
+            yield fingerprint.stamp_sse(final, _Ids(reply.tokens), request_id)
+        finally:
+            done()
+
+    return StreamingResponse(sse.finish(events()), media_type="text/event-stream")
+
+
+class _Ids:
+    """What fingerprint.stamp_sse reads from a streamer: the generated ids."""
+
+    def __init__(self, ids):
+        self._pb_ids = ids

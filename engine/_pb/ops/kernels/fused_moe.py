@@ -1,0 +1,128 @@
+"""0220's kernels: the expert sort (`pb_moe_align`), the experts' gate/up product with the silu
+gate (`pb_moe_gate_up`) and their down product weighted by the routing (`pb_moe_down`); the
+launchers and the tiles in words: ops/fused_moe.py (and ops/moe_one_path.py for large steps)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
+                 P: tl.constexpr, E: tl.constexpr, B: tl.constexpr, BM: tl.constexpr):
+    # One program: P >= n_pairs, E >= num_experts, B >= max_blocks (powers of two).
+    p = tl.arange(0, P)
+    in_step = p < n_pairs
+    e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
+    kept = in_step & (e >= 0) & (e < num_experts)
+    ex = tl.arange(0, E)
+    hit = (e[None, :] == ex[:, None]) & kept[None, :]                       # [E, P]
+    counts = tl.sum(hit.to(tl.int32), axis=1)
+    padded = (counts + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    start_of_pair = tl.sum(tl.where(hit, starts[:, None], 0), axis=0)        # [P]
+    earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])    # [P, P]
+    rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+    slots = tl.arange(0, B * BM)
+    tl.store(rows_ptr + slots, n_pairs, mask=slots < max_blocks * BM)
+    tl.debug_barrier()
+    tl.store(rows_ptr + start_of_pair + rank, p, mask=kept)
+    b = tl.arange(0, B)
+    first_row = b * BM
+    expert_of_block = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)  # [B, E]
+    expert_of_block = tl.where(first_row < tl.sum(padded, 0), expert_of_block, -1)
+    tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
+
+@triton.jit
+def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top_k, hidden, inter,
+            stride_x, stride_we, stride_wn, stride_h,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+            W_TMA: tl.constexpr = False):
+    # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * 2 * inter, hidden]
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(rows_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pairs < n_pairs
+    tokens = tl.where(valid, pairs // top_k, 0)
+    cols = pid_n * BN + tl.arange(0, BN)
+    n_ok = cols < inter
+    offs_n = tl.where(n_ok, cols, 0)  # for the weight loads; the store keeps `cols`, known contiguous
+    x_rows = x_ptr + tokens[:, None].to(tl.int64) * stride_x
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    if W_TMA:  # the same values; rows past the expert's block land in columns that are not stored
+        gate_row = expert * 2 * inter + pid_n * BN
+        for k0 in range(0, hidden, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            if EVEN_K:
+                x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None], other=0.0)
+            else:
+                x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & (offs_k < hidden)[None, :], other=0.0)
+            acc_g += tl.dot(x, w_ptr.load([gate_row, k0]).T)
+            acc_u += tl.dot(x, w_ptr.load([gate_row + inter, k0]).T)
+    else:
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        for k0 in range(0, hidden, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            if EVEN_K:
+                x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None], other=0.0)
+                wg = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None])
+                wu = tl.load(w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None])
+            else:
+                k_ok = offs_k < hidden
+                x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+                wg = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+                wu = tl.load(w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None],
+                             mask=k_ok[:, None], other=0.0)
+            acc_g += tl.dot(x, wg)
+            acc_u += tl.dot(x, wu)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h_ptr + pairs[:, None].to(tl.int64) * stride_h + cols[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])
+
+@triton.jit
+def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_pairs, hidden, inter,
+         stride_h, stride_we, stride_wn, stride_y,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+         W_TMA: tl.constexpr = False):
+    # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * hidden, inter]
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(rows_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pairs < n_pairs
+    safe = tl.where(valid, pairs, 0)
+    cols = pid_n * BN + tl.arange(0, BN)
+    n_ok = cols < hidden
+    offs_n = tl.where(n_ok, cols, 0)  # for the weight loads; the store keeps `cols`, known contiguous
+    h_rows = h_ptr + safe[:, None].to(tl.int64) * stride_h
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if W_TMA:
+        for k0 in range(0, inter, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            if EVEN_K:
+                h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None], other=0.0)
+            else:
+                h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None] & (offs_k < inter)[None, :], other=0.0)
+            acc += tl.dot(h, w_ptr.load([expert * hidden + pid_n * BN, k0]).T)
+    else:
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        for k0 in range(0, inter, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            if EVEN_K:
+                h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None], other=0.0)
+                w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None])
+            else:
+                k_ok = offs_k < inter
+                h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+            acc += tl.dot(h, w)
+    weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * weight[:, None]
+    tl.store(y_ptr + pairs[:, None].to(tl.int64) * stride_y + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])

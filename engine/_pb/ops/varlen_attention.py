@@ -1,0 +1,129 @@
+"""PB_VARLEN_ATTENTION: the batching loop's attention as one Triton kernel over each sequence's
+own keys, instead of sdpa over one block-diagonal mask of the whole step.
+
+With sdpa, upstream's paged attention gathers every key the step reads into one tensor, repeats
+the 8 KV heads to the 96 query heads, and attends over a mask of [step tokens, every key of the
+step]. A step's cost and memory therefore grow with the product of its queries and all of its
+keys, not with each sequence's own. On an H200 (W10, memory-*):
+- with a KV pool of 32 x 8K tokens full, one H200 ran out of memory repeating the keys (4.69 GiB);
+- 32 cold 8K prompts sent together got their first tokens at 3.3 ... 53.6 s at TP=2, where one
+  prompt alone takes 0.11 s.
+The result also depends on the batch: a row among others gets other bits than alone
+(W10, invariance-probe), because sdpa picks its kernel and its split of the work by the whole
+problem, and decode steps of one row take another path (the KV heads packed).
+
+Here one program handles one block of one sequence's query rows for one head, and walks that
+sequence's keys (its cached ones first, then the step's) in fixed blocks from its first key,
+with the running softmax of flash attention in float32. A sequence with one query token (a
+decode row) goes to a second kernel instead: one program per KV head takes the query heads that
+share it as the rows of its dots, so each key is read once. The keys are read per KV head (no
+repeat) and no mask exists. A row's arithmetic depends only on its own sequence's keys and the
+kernel's fixed block sizes, not on the other sequences in the step, nor on the step's padding.
+Padded query rows get zeros. Under CUDA graphs the grid is sized by the padded step; programs
+past the step's last block return at once.
+
+It changes output (another kernel, another order of sums). It is checked under Triton's CPU
+interpreter against upstream's masked sdpa (tests/test_varlen_attention.py) and on the GPU by
+tests/test_kernels_gpu.py. On an H200 (W11) it served 32 cold 8K prompts at once where sdpa ran
+out of memory, and doubled the C32 decode rate of distinct prompts; a lone 8K prompt's attention
+takes longer than cuDNN's causal kernel (W12 has the launch sweep). Steps it does not fit (a
+sliding window, a head size that is not a power of two, a block table, a position bias) keep
+upstream's path. `at_load` reads the knob once, so no step reads it.
+
+PB_VARLEN_FAST (0400, on top of this knob) changes only the prompt blocks' kernel: keys and values
+come through TMA descriptors, and the running softmax scales the raw scores inside the exponent's
+FMA. On an H200 one 8K prompt's layer took 3.15 ms against 4.02 (W13 launch-sweep-5); where TMA
+cannot read the step's keys (an address or stride off 16 bytes) the blocks take the pointer path.
+"""
+
+import sys
+
+import torch
+
+from .. import knobs
+from . import stable_launch, tma
+from .common import INTERPRET, TRITON, kernels, pow2
+
+ENABLED = False  # set by at_load: the knob on, and Triton installed, when the model was loaded
+FAST = False  # set by at_load: PB_VARLEN_FAST (0400) on as well
+SEQ_CHUNK = 64  # with stable_launch.STABLE (0450): the sequences the prompt kernel counts at a time, whatever the step holds
+BLOCK_M, BLOCK_N = 128, 128  # query rows (prompt blocks) and keys a program takes at a time
+WARPS = 8  # a prompt block's program (a decode row's takes 4)
+
+
+def on() -> bool:
+    return bool(knobs.get("PB_VARLEN_ATTENTION"))
+
+
+def fits(module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    """A paged step of plain [1, heads, tokens, dim] tensors this kernel covers (no sliding window)."""
+    dim = query.shape[-1]
+    heads, kv_heads = query.shape[1], key.shape[1]
+    return (type(query) is torch.Tensor and (query.is_cuda or INTERPRET) and query.dim() == 4
+            and query.shape[0] == 1 and dim >= 16 and dim & (dim - 1) == 0 and heads % kv_heads == 0
+            and query.stride(-1) == 1 and key.stride(-1) == 1 and "cu_seq_lens_q" in kwargs
+            and torch.is_tensor(kwargs.get("cu_seq_lens_k")) and kwargs.get("block_table") is None
+            and getattr(module, "sliding_window", None) is None
+            and getattr(getattr(module, "config", None), "sliding_window", None) is None)
+
+
+def _descriptors(key: torch.Tensor, value: torch.Tensor):
+    """0400's TMA descriptors of the step's keys and values as [tokens, KV heads, dim] views, one
+    block of BLOCK_N tokens of one head at a time; None where TMA cannot read them (a stride or
+    address off 16 bytes, or no descriptor support in this Triton)."""
+    views = [t[0].transpose(0, 1) for t in (key, value)]
+    found = [tma.descriptor(t, [BLOCK_N, 1, t.shape[-1]]) for t in views]
+    return None if None in found else found
+
+
+def forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling, kwargs: dict):
+    """The step's attention output [1, tokens, heads, dim] (sdpa's layout after its transpose),
+    or None where upstream's path applies."""
+    if not ENABLED or not fits(module, query, key, kwargs):
+        return None
+    kernel = kernels("varlen_attention")
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    sequences = cu_q.numel() - 1
+    _, heads, tokens, dim = query.shape
+    groups = heads // key.shape[1]
+    out = torch.zeros((1, tokens, heads, dim), dtype=query.dtype, device=query.device)
+    if sequences < 1 or tokens == 0:
+        return out
+    scale = float(scaling if scaling is not None else dim ** -0.5)
+    strides = (query.stride(2), query.stride(1), key.stride(2), key.stride(1), value.stride(2), value.stride(1),
+               out.stride(1), out.stride(2))
+    # sequences of more than one query token: blocks of BLOCK_M rows, counted over the step in order
+    lengths = cu_q[1:] - cu_q[:-1]
+    blocks = torch.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0)
+    block_end = torch.cumsum(blocks, 0).to(torch.int32)
+    descriptors = _descriptors(key, value) if FAST else None
+    kernel.pb_varlen_attention[(heads, -(-tokens // BLOCK_M) + sequences)](
+        query, key, value, out, *(descriptors or (key, value)), cu_q, cu_k, block_end, sequences, scale, *strides,
+        GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
+        num_warps=WARPS)
+    # sequences of one query token (decode): one program a KV head reads its keys once for its query heads
+    kernel.pb_varlen_attention_decode[(sequences, key.shape[1])](
+        query, key, value, out, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
+        BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, num_warps=4)
+    return out
+
+
+def at_load() -> None:
+    """The model-load hook: with the knob on, paged sdpa steps attend through the kernel."""
+    global ENABLED, FAST
+    knob = on()
+    ENABLED = knob and TRITON
+    FAST = ENABLED and bool(knobs.get("PB_VARLEN_FAST"))
+    if knob:
+        sys.stderr.write("patchbay: PB_VARLEN_ATTENTION: paged attention steps run one Triton kernel per "
+                         "sequence's own keys\n")
+    if FAST:
+        sys.stderr.write("patchbay: PB_VARLEN_FAST: prompt blocks read keys and values through TMA and scale "
+                         "scores inside the exponent's FMA\n")
+
+
+def restore() -> None:
+    """Upstream's attention again (for in-process A/Bs and tests)."""
+    global ENABLED, FAST
+    ENABLED = FAST = False
