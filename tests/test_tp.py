@@ -20,7 +20,7 @@ import pytest
 from patchbay import exact, launch
 
 from .conftest import ALL_ON, LOCAL, free_port
-from .test_launch import assert_one_line_error, patchbay, write_config
+from .runtime.test_launch import assert_one_line_error, patchbay, write_config
 
 pytestmark = pytest.mark.engine
 

@@ -208,7 +208,7 @@ def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None 
         max_position_embeddings=context,  # no parameter depends on it: same weights at any context
         attention_bias=True,  # as in GLM-4.5, so loaders and TP plans meet q/k/v biases
         # The default init (std 0.02) already gives varied, prompt-dependent greedy text here
-        # (logit top-1 margins ~0.04, far above float noise); tests/test_synth.py checks it.
+        # (logit top-1 margins ~0.04, far above float noise); tests/runtime/test_synth.py checks it.
         initializer_range=0.02,
         tie_word_embeddings=False,
         num_mtp_layers=0,  # no MTP weights are written, so none may be looked for

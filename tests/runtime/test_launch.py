@@ -10,7 +10,7 @@ import pytest
 from patchbay import ROOT, config
 from patchbay.launch import engine_command, engine_env
 
-from .conftest import LOCAL, free_port
+from ..conftest import LOCAL, free_port
 
 pytestmark = pytest.mark.engine
 

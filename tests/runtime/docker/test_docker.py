@@ -21,7 +21,7 @@ from patchbay import ROOT, image, series as series_mod
 from patchbay.pair import KERNEL_CACHE_DIR
 from patchbay.upstream import LOCK_PATH
 
-from .conftest import ALL_ON, free_port
+from ...conftest import ALL_ON, free_port
 
 pytestmark = pytest.mark.docker
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]

@@ -376,7 +376,7 @@ def test_ab_restarts_two_configs_alternately(tmp_path, patched_engine, tiny_mode
     """Knobs read at start are A/B tested by restarting the server with each arm's config."""
     from patchbay import config
 
-    from .conftest import free_port
+    from ..conftest import free_port
 
     base = (config.CONFIG_DIR / "local.env.example").read_text()
     port = free_port()

@@ -8,7 +8,7 @@ from patchbay import config, preflight
 from patchbay.knobs import registry_json
 from patchbay.preflight import Row
 
-from .conftest import LOCAL
+from ...conftest import LOCAL
 
 
 def image_with(series_knobs):

@@ -59,7 +59,7 @@ def test_exact_compares_two_servers(server_on, tmp_path):
 
 
 def test_exact_against_a_second_server_refuses_bad_input_in_one_line(server_on):
-    from .conftest import free_port
+    from ..conftest import free_port
 
     gone = patchbay("exact", "--url", server_on.url, "--b-url", f"http://127.0.0.1:{free_port()}",
                     "--model", server_on.model, timeout=120)
@@ -111,7 +111,7 @@ def test_teacher_forced_scores(tmp_path, tiny_model):
 
 
 def test_score_through_servers_refuses_bad_input_in_one_line():
-    from .conftest import free_port
+    from ..conftest import free_port
 
     gone = patchbay("score", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m", "--together", timeout=120)
     assert gone.returncode == 1 and "is not reachable" in gone.stderr and "Traceback" not in gone.stderr

@@ -8,8 +8,8 @@ import pytest
 
 from patchbay import gpu, roofline, synth
 
-from .conftest import ROOT
-from .test_bench import make_window
+from ..conftest import ROOT
+from ..measure.test_bench import make_window
 
 
 def test_air12_roofline_matches_the_design_figure_at_c1():
@@ -124,7 +124,7 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
     build), here as two gloo ranks on the CPU: rank 0 answers, both stop."""
     import httpx
 
-    from .conftest import free_port
+    from ..conftest import free_port
 
     port = free_port()
     with monkeypatch.context() as env:  # the engine first on the servers' path
@@ -148,7 +148,7 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
     """Issue 6's A/B shape, on the CPU: one checkpoint served as 1 rank (A) and as 2 ranks (B),
     side by side, passes alternating; TP=2 gives TP=1's greedy replies, and the reference texts
     forced through both (--score) give TP=1's logprobs at float rounding."""
-    from .conftest import free_port
+    from ..conftest import free_port
 
     port = free_port()
     with monkeypatch.context() as env:  # the engine first on the servers' path
@@ -178,7 +178,7 @@ def test_side_by_side_ab_of_tp1_against_tp2(patched_engine, tiny_model, tmp_path
 def test_checkpoint_ab_serves_one_tp2_server_with_the_production_knobs(patched_engine, tiny_model, tmp_path, monkeypatch):
     """A model only TP=2 holds gets one server of two ranks with config/prod.env.example's knobs;
     `--b-url` to itself reads that server's speed A against A."""
-    from .conftest import free_port
+    from ..conftest import free_port
 
     port = free_port()
     with monkeypatch.context() as env:  # the engine first on the servers' path
@@ -242,7 +242,7 @@ def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_mode
     """Issue 6's all-reduce share, on the CPU: two TP ranks serve under patchbay.served_profile;
     at each level the streams run while both ranks are profiled (SIGUSR1 .. SIGUSR2), and each
     rank writes its window (on a CPU there are no CUDA graphs, so no step table)."""
-    from .conftest import free_port
+    from ..conftest import free_port
 
     with monkeypatch.context() as env:  # the engine first on the servers' path
         env.setenv("PYTHONPATH", str(patched_engine.site))
