@@ -33,7 +33,9 @@ def _pin_interpreter_blas() -> None:
 
 _pin_interpreter_blas()
 
-from patchbay import ROOT, build, config, launch, series  # noqa: E402  (after the pin above)
+from patchbay import ROOT  # noqa: E402  (after the pin above)
+from patchbay.runtime import config, launch
+from patchbay.series import build, series
 
 
 def _ephemeral_floor() -> int:
@@ -111,7 +113,7 @@ def pristine_engine() -> build.Engine:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from patchbay import synth  # torch and transformers: only for the tests that need a model
+    from patchbay.runtime import synth  # torch and transformers: only for the tests that need a model
 
     return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
 

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from patchbay import gpu, roofline, synth
+from patchbay.device import gpu, roofline, served_profile, servers
+from patchbay.runtime import synth
 
 from ..conftest import ROOT
 from ..measure.test_bench import make_window
@@ -50,7 +51,7 @@ def test_parse_env_takes_only_pb_names():
 
 
 def test_parse_env_takes_a_named_knob_set_and_changes_to_it():
-    from patchbay.config import knob_set
+    from patchbay.runtime.config import knob_set
 
     assert gpu.parse_env("@prod", "--a-env") == knob_set("prod")
     assert gpu.parse_env('@prod+{"PB_MOE_TMA": true, "PB_HOST_THREADS": 0}', "--b-env") == \
@@ -73,7 +74,7 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     env["PYTHONPATH"] = f"{patched_engine.site}:{ROOT / 'src'}"
-    cmd = [sys.executable, "-m", "patchbay.gpu_profile", "--out", str(tmp_path), "--model", tiny_model,
+    cmd = [sys.executable, "-m", "patchbay.device", "profile", "--out", str(tmp_path), "--model", tiny_model,
            "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--setting", "eager",
            "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2]}']
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -89,13 +90,13 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     assert len(prefill) == 2 and all(p["ttft_s"] > 0 for p in prefill)
 
     assert record["build"] == patched_engine.build_id
-    assert (tmp_path / "command.txt").read_text().startswith("python -m patchbay.gpu_profile --out ")
+    assert (tmp_path / "command.txt").read_text().startswith("python -m patchbay.device profile --out ")
 
     # the folder becomes a results window: tables of every pass, the notes, a headline
     notes = tmp_path / "notes.md"
     notes.write_text("## Findings\n\n- the tiny model on a CPU\n")
     results = tmp_path / "results"
-    window_cmd = [sys.executable, "-m", "patchbay.gpu_profile", "window", "--slug", "cpu-smoke", "--title",
+    window_cmd = [sys.executable, "-m", "patchbay.device", "profile", "window", "--slug", "cpu-smoke", "--title",
                   "smoke", "--headline", "tiny on cpu", "--part", f"cpu={tmp_path}", "--notes", str(notes),
                   "--results-dir", str(results)]
     proc = subprocess.run(window_cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -106,7 +107,7 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     assert text.rstrip().endswith("- the tiny model on a CPU")
     summary = json.loads((window / "summary.json").read_text())
     assert summary["headline"] == "tiny on cpu" and set(summary["tok_s"]["cpu / eager"]) == {"1", "2"}
-    assert (window / "cpu" / "profile.json").is_file() and "cpu: python -m patchbay.gpu_profile" in \
+    assert (window / "cpu" / "profile.json").is_file() and "cpu: python -m patchbay.device profile" in \
         (window / "command.txt").read_text()
     proc = subprocess.run(window_cmd[:-6] + ["--part", f"x={tmp_path / 'missing'}"], env=env, capture_output=True,
                           text=True, timeout=120)
@@ -129,7 +130,7 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
     port = free_port()
     with monkeypatch.context() as env:  # the engine first on the servers' path
         env.setenv("PYTHONPATH", str(patched_engine.site))
-        procs = gpu.start_ranks(tiny_model, 2, port, {"PB_FINGERPRINT": "1"}, tmp_path, device="cpu",
+        procs = servers.start_ranks(tiny_model, 2, port, {"PB_FINGERPRINT": "1"}, tmp_path, device="cpu",
                                 engine_args="--cb-num-blocks 32 --cb-max-batch-tokens 256",
                                 rdzv_port=free_port(), ready_timeout=300)
     try:
@@ -139,7 +140,7 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
         assert "rank 1 follows rank 0's batches" in (tmp_path / "rank1.log").read_text()
     finally:
         for proc in procs:
-            gpu.stop_server(proc)
+            servers.stop_server(proc)
     assert all(proc.poll() is not None for proc in procs)
 
 
@@ -196,7 +197,7 @@ def test_checkpoint_ab_serves_one_tp2_server_with_the_production_knobs(patched_e
 
 
 def test_moe_sweep_table_lists_every_arm_per_token_count(tmp_path):
-    from patchbay import gpu_moe
+    from patchbay.device import gpu_moe
 
     result = {"rows": [
         {"tokens": 1, "roofline_us": 66.5, "impl": {
@@ -215,12 +216,12 @@ def test_moe_sweep_table_lists_every_arm_per_token_count(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "patchbay.gpu_moe", "table", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "patchbay.device", "moe", "table", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == gpu_moe.render(result)
 
 
 def test_a_profiled_cold_prompt_gets_a_row_in_the_step_table():
-    from patchbay import gpu_profile
+    from patchbay.device import gpu_profile
 
     kernels = [{"name": "flash_fwd_kernel", "ms_per_step": 90.0}, {"name": "sm90_xmma_gemm_bf16", "ms_per_step": 60.0},
                {"name": "GroupProblemShape<cutlass>", "ms_per_step": 40.0}]
@@ -239,14 +240,14 @@ def test_a_profiled_cold_prompt_gets_a_row_in_the_step_table():
 
 @pytest.mark.engine
 def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_model, tmp_path, monkeypatch):
-    """Issue 6's all-reduce share, on the CPU: two TP ranks serve under patchbay.served_profile;
+    """Issue 6's all-reduce share, on the CPU: two TP ranks serve under the served-profile profiler;
     at each level the streams run while both ranks are profiled (SIGUSR1 .. SIGUSR2), and each
     rank writes its window (on a CPU there are no CUDA graphs, so no step table)."""
     from ..conftest import free_port
 
     with monkeypatch.context() as env:  # the engine first on the servers' path
         env.setenv("PYTHONPATH", str(patched_engine.site))
-        code = gpu.served_profile_job(tmp_path / "p", [1, 2], 48, 0.3, {"PB_FINGERPRINT": "1"}, False, 32,
+        code = served_profile.served_profile_job(tmp_path / "p", [1, 2], 48, 0.3, {"PB_FINGERPRINT": "1"}, False, 32,
                                       tiny_model, 2, free_port(), device="cpu")
     assert code == 0
     record = json.loads((tmp_path / "p" / "served-profile.json").read_text())
@@ -272,7 +273,7 @@ def test_served_profile_makes_the_engines_graph_captures_wait_for_the_profiler(p
 
     script = """
 import json
-from patchbay import served_profile
+from patchbay.device import served_profile
 from transformers.generation.continuous_batching.model_runner import ModelRunner
 seen = []
 def probe(self, *args):  # stands in for the capture (no GPU here)
@@ -295,14 +296,14 @@ def test_served_table_has_the_collectives_column():
                                {"name": "pb_moe_down", "ms_per_step": 0.5}],
                "category_ms_per_step": {"collective": 0.8, "experts": 0.5}, "gpu_busy_ms_per_step": 1.3,
                "wall_ms_per_step": 2.0}
-    table = gpu.render_served([{"level": 1, "rank": 1, **profile}]).splitlines()
+    table = served_profile.render_served([{"level": 1, "rank": 1, **profile}]).splitlines()
     assert "collectives" in table[0]
     assert table[2] == "| C1, rank 1 | 2.00 | 1.30 | 0.50 | 0.00 | 0.00 | 0.00 | 0.00 | 0.80 | 0.00 | 0.70 |"
 
 
 @pytest.mark.engine
 def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, tmp_path):
-    """patchbay.gpu_invariance at cut-down widths on this CPU (Triton through its interpreter): the
+    """patchbay.device.gpu_invariance at cut-down widths on this CPU (Triton through its interpreter): the
     per-row kernels (RMSNorm, rotary, 0370's attention) keep a row's bits among 200 rows, while the
     MoE changes path above its decode size (the fused kernels, then grouped_mm), so the row's bits
     change there."""
@@ -310,7 +311,7 @@ def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, t
     import sys
 
     env = {**os.environ, "PYTHONPATH": f"{patched_engine.site}:{ROOT / 'src'}", "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "patchbay.gpu_invariance", "--out", str(tmp_path), "--device", "cpu", "--small"]
+    cmd = [sys.executable, "-m", "patchbay.device", "invariance", "--out", str(tmp_path), "--device", "cpu", "--small"]
     proc = subprocess.run([*cmd, "--rows", "1,2,200"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "invariance.json").read_text())

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from patchbay import ROOT, bench, cli, prompts, stats, windows
+from patchbay import ROOT, cli
+from patchbay.measure import bench, prompts, stats, windows
 
 
 def patchbay(*args, timeout=300):
@@ -374,7 +375,7 @@ def test_ab_refuses_an_arm_the_server_refuses_before_running(server_on, tmp_path
 @pytest.mark.engine
 def test_ab_restarts_two_configs_alternately(tmp_path, patched_engine, tiny_model):
     """Knobs read at start are A/B tested by restarting the server with each arm's config."""
-    from patchbay import config
+    from patchbay.runtime import config
 
     from ..conftest import free_port
 

@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from patchbay import ROOT, exact, series, upstream
-from patchbay.gitutil import git
+from patchbay import ROOT
+from patchbay.measure import exact
+from patchbay.series import series, upstream
+from patchbay.series.gitutil import git
 
 pytestmark = pytest.mark.engine
 

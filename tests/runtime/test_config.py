@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from patchbay import ROOT, config, knobs, series
-from patchbay.config import ConfigError
+from patchbay import ROOT
+from patchbay.runtime import config
+from patchbay.series import knobs, series
+from patchbay.runtime.config import ConfigError
 
 GOOD = """\
 # a comment, then a blank line
@@ -158,8 +160,8 @@ def test_inline_comments_and_strict_integers(tmp_path):
 
 
 def test_tp_settings_and_the_rank_environment(tmp_path):
-    from patchbay.launch import rank_env
-    from patchbay.procenv import NO_MULTICAST
+    from patchbay.runtime.launch import rank_env
+    from patchbay.runtime.procenv import NO_MULTICAST
 
     path = write(tmp_path, "PORT=8123\nTP=2\nRDZV_PORT=29611\nPB_TENSOR_PARALLEL=1\n")
     cfg = config.load(path, environ={})

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from patchbay import ROOT, config
-from patchbay.launch import engine_command, engine_env
+from patchbay import ROOT
+from patchbay.runtime import config
+from patchbay.runtime.launch import engine_command, engine_env
 
 from ..conftest import LOCAL, free_port
 

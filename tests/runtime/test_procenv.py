@@ -5,13 +5,14 @@ import json
 import subprocess
 import sys
 
-from patchbay import ROOT, procenv
+from patchbay import ROOT
+from patchbay.runtime import procenv
 
 SHOW = "import json, os; print(json.dumps(dict(os.environ)))"
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "patchbay.procenv", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "patchbay.runtime.procenv", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "0"})
 
 
@@ -32,7 +33,7 @@ def test_ranks_also_get_multicast_off():
 def test_a_missing_command_is_a_usage_error():
     for args in ((), ("--",), ("--ranks",), (sys.executable,)):
         proc = run(*args)
-        assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m patchbay.procenv"), args
+        assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m patchbay.runtime.procenv"), args
 
 
 def test_a_rank_environment_is_the_torch_distributed_one_with_multicast_off():
@@ -44,7 +45,7 @@ def test_a_rank_environment_is_the_torch_distributed_one_with_multicast_off():
 
 def test_no_other_file_of_the_tooling_spells_the_environment_out():
     names = [*procenv.ENGINE, *procenv.NO_MULTICAST]
-    places = [*(ROOT / "src" / "patchbay").glob("*.py"), *(ROOT / "scripts").iterdir(), *(ROOT / "docker").iterdir()]
+    places = [*(ROOT / "src" / "patchbay").rglob("*.py"), *(ROOT / "scripts").iterdir(), *(ROOT / "docker").iterdir()]
     found = [f"{p.relative_to(ROOT)}: {n}" for p in places if p.is_file() and p.name != "procenv.py"
              for n in names if n in p.read_text(errors="replace")]
     assert found == []

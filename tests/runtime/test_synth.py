@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from patchbay import synth
+from patchbay.runtime import synth
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from patchbay.gitutil import commit_all, git, init_repo
-from patchbay.series import scratch_copy
+from patchbay.series.gitutil import commit_all, git, init_repo
+from patchbay.series.series import scratch_copy
 
 PKG = "src/fixturepkg"
 

@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from patchbay import build
-from patchbay.knobs import KnobError, parse_declaration, registry_json
+from patchbay.series import build
+from patchbay.series.knobs import KnobError, parse_declaration, registry_json
 
 
 def test_wheel_is_versioned_by_the_series_and_carries_the_registry(patched_engine, real_series):

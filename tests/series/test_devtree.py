@@ -2,8 +2,8 @@
 
 from .fixtures_series import PKG, base_files, diff_for, make_upstream, module, patch_text, with_line, write_series, \
     write_tree
-from patchbay import devtree, series
-from patchbay.gitutil import git
+from patchbay.series import devtree, series
+from patchbay.series.gitutil import git
 
 
 def test_dev_then_export_round_trips_hooks_and_overlay(tmp_path):

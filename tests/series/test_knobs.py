@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from patchbay import ROOT, knobs, series
-from patchbay.knobs import Knob, KnobError, parse_declaration
+from patchbay import ROOT
+from patchbay.series import knobs, series
+from patchbay.series.knobs import Knob, KnobError, parse_declaration
 
 
 def test_bool_declaration():

@@ -5,8 +5,8 @@ import hashlib
 import pytest
 
 from .fixtures_series import PKG, base_files, diff_for, make_sdist, module, patch_text, with_line, write_series
-from patchbay import rebase, series, upstream
-from patchbay.gitutil import git
+from patchbay.series import rebase, series, upstream
+from patchbay.series.gitutil import git
 
 MODULES = ("a", "b", "c", "d")
 

@@ -4,9 +4,9 @@ import pytest
 
 from .fixtures_series import (PKG, base_files, diff_for, make_upstream, module, patch_text, with_line, write_series,
                               write_tree)
-from patchbay import series, upstream
-from patchbay.gitutil import git
-from patchbay.series import SeriesError
+from patchbay.series import series, upstream
+from patchbay.series.gitutil import git
+from patchbay.series.series import SeriesError
 
 INFRA, ALPHA, BETA = "0010-infra.patch", "0020-alpha.patch", "0030-beta.patch"
 

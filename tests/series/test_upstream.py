@@ -7,9 +7,9 @@ import tarfile
 import pytest
 
 from .fixtures_series import PKG, base_files, make_sdist
-from patchbay import upstream
-from patchbay.gitutil import git
-from patchbay.upstream import Lock, UpstreamError
+from patchbay.series import upstream
+from patchbay.series.gitutil import git
+from patchbay.series.upstream import Lock, UpstreamError
 
 
 @pytest.fixture(scope="module")

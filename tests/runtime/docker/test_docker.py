@@ -17,9 +17,11 @@ import time
 import httpx
 import pytest
 
-from patchbay import ROOT, image, series as series_mod
-from patchbay.pair import KERNEL_CACHE_DIR
-from patchbay.upstream import LOCK_PATH
+from patchbay import ROOT
+from patchbay.runtime.docker import image
+from patchbay.series import series as series_mod
+from patchbay.runtime.docker.pair import KERNEL_CACHE_DIR
+from patchbay.series.upstream import LOCK_PATH
 
 from ...conftest import ALL_ON, free_port
 

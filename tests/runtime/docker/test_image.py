@@ -2,7 +2,7 @@
 
 import pytest
 
-from patchbay import image
+from patchbay.runtime.docker import image
 
 
 def test_apt_mirror_reads_one_line_and_deb822_sources(tmp_path):

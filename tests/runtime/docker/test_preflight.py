@@ -4,9 +4,10 @@ import json
 from dataclasses import replace
 from types import SimpleNamespace
 
-from patchbay import config, preflight
-from patchbay.knobs import registry_json
-from patchbay.preflight import Row
+from patchbay.runtime import config
+from patchbay.runtime.docker import preflight
+from patchbay.series.knobs import registry_json
+from patchbay.runtime.docker.preflight import Row
 
 from ...conftest import LOCAL
 

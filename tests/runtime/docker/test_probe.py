@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from patchbay import probe
+from patchbay.runtime.docker import probe
 
 
 def checkpoint(tmp_path):
@@ -62,7 +62,7 @@ def test_missing_checkpoint_and_busy_port_and_address(tmp_path):
 def test_runs_as_a_module_and_prints_json(tmp_path):
     root = checkpoint(tmp_path)
     spec = {"mem_gib": 0, "disk_gib": 0, "model": {"path": str(root), "cache": str(tmp_path / "c")}}
-    out = subprocess.run([sys.executable, "-m", "patchbay.probe", json.dumps(spec)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "patchbay.runtime.docker.probe", json.dumps(spec)], capture_output=True,
                          text=True, check=True, env={**os.environ})
     result = json.loads(out.stdout)
     assert set(result) == {"memory", "disk", "model"} and all(v[0] for v in result.values())

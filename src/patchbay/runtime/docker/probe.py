@@ -1,5 +1,5 @@
 """Checks that run on a node, inside a throwaway container of the serving image on the host
-network (`python3 -m patchbay.probe SPEC_JSON`): what that node has, seen from where the rank
+network (`python3 -m patchbay.runtime.docker.probe SPEC_JSON`): what that node has, seen from where the rank
 will run. Standard library only; prints one JSON object.
 
 SPEC keys (each optional): mem_gib, disk_gib, addr, ports [[host, port], ...], ifnames [...],
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .upstream import sha256_file
+from ...series.upstream import sha256_file
 
 
 def mem(need_gib: float) -> tuple[bool, str]:

@@ -2,9 +2,9 @@
 fused Triton forward of patch 0220, timed at decode batch sizes, checked against eager, and
 set against the HBM roofline of the expert bytes a step must read.
 
-    python -m patchbay.gpu_moe --out DIR [--graphs] [--tiles SPEC,...]   (on the GPU machine,
-                                                                        through scripts/gpu-run.sh)
-    python -m patchbay.gpu_moe table DIR/moe.json                        (its Markdown table)
+    python -m patchbay.device moe --out DIR [--graphs] [--tiles SPEC,...]   (on the GPU machine,
+                                                                          through scripts/gpu-run.sh)
+    python -m patchbay.device moe table DIR/moe.json                        (its Markdown table)
 
 Without --graphs each forward is launched eagerly (launch overhead included, as W03 measured).
 With --graphs each forward is captured once in a CUDA graph and the graph is replayed, as the
@@ -93,16 +93,16 @@ def render(result: dict) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["table"]:
         if len(argv) != 2:
-            raise SystemExit("usage: python -m patchbay.gpu_moe table MOE_JSON")
+            raise SystemExit("usage: python -m patchbay.device moe table MOE_JSON")
         sys.stdout.write(render(json.loads(Path(argv[1]).read_text())))
         return 0
     import torch
     from transformers._pb import fused_moe
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
 
-    from .synth import air12_config
+    from ..runtime.synth import air12_config
 
-    p = argparse.ArgumentParser(prog="python -m patchbay.gpu_moe")
+    p = argparse.ArgumentParser(prog="python -m patchbay.device moe")
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", default="1,8,32")
     p.add_argument("--iters", type=int, default=50)
@@ -165,7 +165,3 @@ def main(argv: list[str]) -> int:
     result = {"device": torch.cuda.get_device_name(), "graphs": args.graphs, "iters": args.iters, "rows": rows}
     (out / "moe.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

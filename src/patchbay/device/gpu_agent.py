@@ -2,7 +2,7 @@
 (the sampler's per-row hook, the xgrammar bitmask on CUDA, CUDA graphs), run against a live
 server of synthetic:air12, written as a JSON report for a results window.
 
-    python -m patchbay.gpu agent --out DIR     (on the GPU machine, through scripts/gpu-run.sh)
+    python -m patchbay.device agent --out DIR     (on the GPU machine, through scripts/gpu-run.sh)
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def assemble(results_dir, cost_window, reports: dict, builds: dict, title: str):
     import shutil
     from pathlib import Path
 
-    from . import windows
+    from ..measure import windows
 
     window = windows.create(Path(results_dir), "agent-api-h200")
     shutil.copytree(cost_window, window / "path-cost")
@@ -102,7 +102,7 @@ def assemble(results_dir, cost_window, reports: dict, builds: dict, title: str):
     (window / "agent.json").write_text(json.dumps({"builds": builds, "parts": parts}, indent=1) + "\n")
     cost = json.loads((Path(cost_window) / "summary.json").read_text())
     lines = [f"# W{window.name[1:3]}: {title}", "",
-             "## Device checks (`python -m patchbay.gpu agent`, synthetic:air12, bf16)", "",
+             "## Device checks (`python -m patchbay.device agent`, synthetic:air12, bf16)", "",
              "| server setting | build | check | result |", "|---|---|---|---|"]
     for name, checks in parts.items():
         for check in checks:

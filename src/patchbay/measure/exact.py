@@ -1,7 +1,7 @@
 """Exactness checks between two engines (e.g. every knob unset vs pristine upstream).
 
 Two views, both compared byte for byte:
-- `probe`: run inside one engine (`python -m patchbay.exact probe MODEL`, the engine's
+- `probe`: run inside one engine (`python -m patchbay.measure.exact probe MODEL`, the engine's
   build first on PYTHONPATH): greedy token ids and a sha256 of the logits for each of the
   exactness prompts, through `generate` and through continuous batching.
 - `http_transcript`: the same fixed requests sent to a live server; responses are kept
@@ -18,7 +18,7 @@ import sys
 
 import httpx
 
-from . import procenv
+from ..runtime import procenv
 
 # Eight prompts of different shapes: code, prose, JSON, a long-ish instruction, tool use.
 EXACTNESS_PROMPTS = [
@@ -141,7 +141,7 @@ def score_served(url: str, model: str, together: bool = False, timeout: float = 
 
 
 def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "patchbay.exact", verb, model_dir], env=engine_env,
+    proc = subprocess.run([sys.executable, "-m", "patchbay.measure.exact", verb, model_dir], env=engine_env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{verb} failed: {proc.stderr.strip()[-2000:]}")
@@ -150,7 +150,7 @@ def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
 
 def score_engine_tp(engine_env: dict[str, str], model_dir: str, ranks: int, rdzv_port: int) -> dict:
     """`score` with the model split over `ranks` gloo ranks on this machine (rank 0's result)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "patchbay.exact", "score", model_dir],
+    procs = [subprocess.Popen([sys.executable, "-m", "patchbay.measure.exact", "score", model_dir],
                               env={**engine_env, **procenv.rank(r, ranks, "127.0.0.1", rdzv_port)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     outputs = [p.communicate(timeout=600) for p in procs]
@@ -380,7 +380,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] in ("probe", "score"):
         print(json.dumps((probe if argv[0] == "probe" else score)(argv[1])))
         return 0
-    print("usage: python -m patchbay.exact probe|score MODEL_DIR", file=sys.stderr)
+    print("usage: python -m patchbay.measure.exact probe|score MODEL_DIR", file=sys.stderr)
     return 2
 
 

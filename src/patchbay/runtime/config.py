@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from . import ROOT
+from .. import ROOT
 
 CONFIG_DIR = ROOT / "config"
 KNOB_SETS = CONFIG_DIR / "knob-sets.toml"

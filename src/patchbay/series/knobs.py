@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from . import ROOT
+from .. import ROOT
 
 TYPES = ("bool", "int", "enum", "list")
 NAME_RE = re.compile(r"^PB_[A-Z0-9_]+$")

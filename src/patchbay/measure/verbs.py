@@ -1,4 +1,8 @@
-"""The measuring verbs of `python -m patchbay`: exact, score, ab, results."""
+"""The measuring verbs: exact, score, ab, results. The CLI adds them with add_verbs; a GPU job
+runs one in its own process with run(), with the same messages and exit codes.
+
+Each cmd_* takes the parsed arguments and returns the exit code; bad input raises Fail(…, 2).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,16 @@ import json
 import sys
 from pathlib import Path
 
-from . import ROOT
-from .cli import Fail, _config, _series, generated, model_path
+from .. import ROOT
+from ..runtime.models import model_path
+from ..series.series import load_usable
+from ..verb import Fail, generated, guarded
 
 
 def cmd_exact(args) -> int:
-    from . import build, exact
-    from .launch import engine_env
+    from ..series import build
+    from . import exact
+    from ..runtime.launch import engine_env
 
     if not (args.pristine or args.knob or args.batched or args.b_url):
         raise Fail("say what to check: --pristine, and/or --url URL with --knob PB_X=off,on, --batched N or "
@@ -54,9 +61,10 @@ def cmd_exact(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from . import build, exact
-    from .knobs import validate_settings
-    from .launch import engine_env
+    from ..series import build
+    from . import exact
+    from ..series.knobs import validate_settings
+    from ..runtime.launch import engine_env
 
     def side(series_dir, knob_specs, name):
         knobs = dict(spec.partition("=")[::2] for spec in knob_specs or [])
@@ -123,10 +131,10 @@ def _score_served(args) -> list[dict]:
 
 def _load_series(folder: str | None):
     """The series in `folder`, or the project's own when none is given; problems end the verb."""
-    from . import series
+    from ..series import series
 
     if not folder:
-        return _series()
+        return load_usable()
     loaded, problems = series.load(Path(folder))
     if problems:
         raise Fail("\n".join(map(str, problems)))
@@ -134,7 +142,14 @@ def _load_series(folder: str | None):
 
 
 def _default_model(model_dir: str | None) -> str:
-    return model_dir or model_path(_config(argparse.Namespace(config=None)))
+    if model_dir:
+        return model_dir
+    from ..runtime import config
+
+    try:
+        return model_path(config.load(None))
+    except config.ConfigError as e:
+        raise Fail(str(e), 2) from None
 
 
 def _served_model(url: str) -> str:
@@ -146,7 +161,7 @@ def _served_model(url: str) -> str:
         raise Fail(str(e), e.code) from None
 
 
-def _int_list(text: str, what: str) -> list[int]:
+def int_list(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -157,8 +172,6 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def cmd_ab(args) -> int:
-    import shlex
-
     from . import bench, windows
 
     try:
@@ -181,7 +194,7 @@ def cmd_ab(args) -> int:
             arms = {"A": {}, "B": {}}
         else:
             raise bench.BenchError("name the two arms: --knob PB_X=a,b, or --a-json '{...}' --b-json '{...}'", 2)
-        levels = _int_list(args.concurrency, "--concurrency")
+        levels = int_list(args.concurrency, "--concurrency")
         if args.reps < 1 or args.warmup < 0:
             raise bench.BenchError("--reps must be at least 1 and --warmup at least 0", 2)
         results_dir = Path(args.results_dir) if args.results_dir else windows.RESULTS_DIR
@@ -207,8 +220,7 @@ def cmd_ab(args) -> int:
                           b_url=b_url, cold=args.cold, distinct_copies=args.distinct_copies)
         server["build"] = bench.check_arms(plan) or server["build"]
         window = windows.create(results_dir, args.window) if args.window else None
-        prog = "python -m patchbay" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
-        result = bench.execute(plan, server, window, f"{prog} {shlex.join(sys.argv[1:])}",
+        result = bench.execute(plan, server, window, invocation(),
                                progress=None if args.quiet else bench.Progress(), switch=restart,
                                restarts=restart.describe() if restart else None)
     except (bench.BenchError, windows.WindowError) as e:
@@ -238,10 +250,12 @@ def _alternation(a_path: str, b_path: str):
     on A's host and port)."""
     import dataclasses
 
-    from . import build, config, launch
-    from .knobs import validate_settings
+    from ..series import build
 
-    series = _series()
+    from ..runtime import config, launch
+    from ..series.knobs import validate_settings
+
+    series = load_usable()
     try:
         a = config.load(Path(a_path))
         b = dataclasses.replace(config.load(Path(b_path)), host=a.host, port=a.port)
@@ -254,6 +268,20 @@ def _alternation(a_path: str, b_path: str):
     if launch.running(files):
         raise Fail(f"an earlier `ab --a-config` server is still running; kill the pid in {files.pid}")
     return launch.Alternation({"A": a, "B": b}, build.build(series, progress=lambda *_: None), model_path(a), files)
+
+
+def invocation() -> str:
+    """This process's command line as typed: `python -m patchbay ab …` (or `python -m
+    patchbay.device ab …` on a GPU machine), a script by its name."""
+    import shlex
+
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "__main__.py" and "patchbay" in argv0.resolve().parent.parts:
+        parts = argv0.resolve().parent.parts
+        prog = "python -m " + ".".join(parts[len(parts) - 1 - parts[::-1].index("patchbay"):])
+    else:
+        prog = argv0.name
+    return f"{prog} {shlex.join(sys.argv[1:])}"
 
 
 def cmd_results(args) -> int:
@@ -332,3 +360,25 @@ def add_verbs(verb) -> None:
     rs.add_argument("--check", action="store_true", help="only report whether it is stale")
     rs.add_argument("--results-dir", help="the windows' folder (default: results/)")
     rs.add_argument("--index", help="the index file (default: docs/RESULTS.md)")
+
+
+def run(verb: str, argv: list[str]) -> int:
+    """`patchbay VERB ARGV...` (exact, score, ab or results) in this process: the same parsing,
+    messages and exit codes as the CLI's."""
+    from ..runtime.launch import LaunchError
+    from ..series.build import BuildError
+    from ..series.gitutil import GitError
+    from ..series.series import SeriesError
+    from ..series.upstream import UpstreamError
+
+    p = argparse.ArgumentParser(prog="patchbay")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def add(name, fn, help):
+        s = sub.add_parser(name, help=help, description=help)
+        s.set_defaults(fn=fn)
+        return s
+
+    add_verbs(add)
+    args = p.parse_args([verb, *argv])
+    return guarded(verb, lambda: args.fn(args), (UpstreamError, SeriesError, BuildError, LaunchError, GitError))

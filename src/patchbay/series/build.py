@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ROOT
+from .. import ROOT
 from .knobs import registry_json
 from .series import Series, scratch_copy
 from .upstream import LOCK_PATH, Lock, ensure

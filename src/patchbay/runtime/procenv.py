@@ -5,7 +5,7 @@ serving image's every command (its entry point is this module), and GPU jobs
 (scripts/gpu-run.sh execs through this module). Each tensor-parallel rank also gets the
 standard torch.distributed variables from `rank()`, NVLink multicast off among them.
 
-    python -m patchbay.procenv [--ranks] -- CMD ARGS...
+    python -m patchbay.runtime.procenv [--ranks] -- CMD ARGS...
 
 runs CMD with ENGINE added to the environment (and NO_MULTICAST with --ranks). Standard
 library only: it runs in the image and on GPU machines before anything else is installed.
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     ranks = argv[:1] == ["--ranks"]
     rest = argv[1:] if ranks else argv
     if rest[:1] != ["--"] or len(rest) < 2:
-        sys.stderr.write("usage: python -m patchbay.procenv [--ranks] -- CMD ARGS...\n")
+        sys.stderr.write("usage: python -m patchbay.runtime.procenv [--ranks] -- CMD ARGS...\n")
         return 2
     cmd = rest[1:]
     os.execvpe(cmd[0], cmd, {**os.environ, **ENGINE, **(NO_MULTICAST if ranks else {})})

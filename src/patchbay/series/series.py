@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ROOT
+from .. import ROOT
 from .gitutil import git
 from .knobs import Knob, KnobError, parse_declaration
 
@@ -37,9 +37,9 @@ HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 class SeriesError(RuntimeError):
     """Raised when a series cannot be used; carries every problem found."""
 
-    def __init__(self, problems: list["Problem"]):
+    def __init__(self, problems: list["Problem"], hint: str = ""):
         self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+        super().__init__("\n".join([*(str(p) for p in problems), *([hint] if hint else [])]))
 
 
 @dataclass(frozen=True)
@@ -275,6 +275,15 @@ def load(series_dir: Path = SERIES_DIR, overlay: Path | None = None) -> tuple[Se
         problems.append(Problem("series", f"engine/{rel} is named by no patch's Modules field; "
                                           "add it to the patch that brings it"))
     return Series(series_dir, patches, overlay if overlay.is_dir() else None), problems
+
+
+def load_usable(series_dir: Path = SERIES_DIR) -> Series:
+    """The series, for a verb that builds or serves it: any problem is a SeriesError that names
+    every one and where the full report is."""
+    loaded, problems = load(series_dir)
+    if problems:
+        raise SeriesError(problems, "run `patchbay check` for the full report")
+    return loaded
 
 
 def _parse_modules(text: str, overlay_set: set[str]) -> tuple[tuple[str, ...], list[str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import ROOT
+from .. import ROOT
 from .gitutil import git
 from .series import (GENERATED, Problem, Series, SeriesError, copy_overlay, overlay_files, scratch_copy, split_patch,
                      try_apply)

@@ -17,7 +17,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import ROOT, __version__
+from .. import ROOT, __version__
 
 RESULTS_DIR = ROOT / "results"
 INDEX = ROOT / "docs" / "RESULTS.md"

@@ -1,6 +1,6 @@
 """Which of a decode step's operations give a row other bits when other rows share the step.
 
-    python -m patchbay.gpu_invariance --out DIR [--device cuda] [--rows 1,2,8,32,64,65,512]
+    python -m patchbay.device invariance --out DIR [--device cuda] [--rows 1,2,8,32,64,65,512]
 
 Issue 7 asks that the production config keep batched == alone: a request's tokens must not
 depend on which other requests the engine batches with it. W08-W09 measured that it does not
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -194,7 +193,7 @@ def probe(device: str, rows: list[int], small: bool) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m patchbay.gpu_invariance")
+    p = argparse.ArgumentParser(prog="python -m patchbay.device invariance")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help="row counts to set the first row among")
@@ -206,7 +205,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--rows {args.rows!r}: expected comma-separated row counts, e.g. 1,8,64") from None
     if not rows or rows[0] < 1:
         raise SystemExit(f"--rows {args.rows!r}: row counts start at 1")
-    from . import load_hooks
+    from ..runtime import load_hooks
 
     load_hooks.apply()  # knobs that replace an operation process-wide (0380's GEMMs) take effect
     knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("PB_")}
@@ -220,7 +219,3 @@ def main(argv: list[str]) -> int:
         differ = [str(r["rows"]) for r in mine if not r["equal"]]
         print(f"{name}: {'same bits at every row count' if not differ else 'differs at ' + ', '.join(differ) + ' rows'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -21,10 +21,10 @@ import time
 import tomllib
 from pathlib import Path
 
-from . import ROOT
-from .knobs import registry_json
-from .series import Series
-from .upstream import LOCK_PATH, SDIST_CACHE, Lock, fetch_sdist
+from ... import ROOT
+from ...series.knobs import registry_json
+from ...series.series import Series
+from ...series.upstream import LOCK_PATH, SDIST_CACHE, Lock, fetch_sdist
 
 DOCKER_DIR = ROOT / "docker"
 WORK_DIR = ROOT / "build" / "docker"
@@ -267,8 +267,9 @@ def recipe_hash() -> str:
     requirements and patchbay's own source (the image runs its build and its preflight probe)."""
     h = hashlib.sha256((DOCKER_DIR / "Dockerfile").read_bytes())
     h.update("\n".join(serving_requirements()).encode())
-    for path in sorted((ROOT / "src" / "patchbay").glob("*.py")):
-        h.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
+    package = ROOT / "src" / "patchbay"
+    for path in sorted(package.rglob("*.py")):
+        h.update(b"\0" + path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -278,7 +279,7 @@ def is_current(found, build_id: str) -> bool:
 
 
 def source_commit() -> str:
-    from .gitutil import git
+    from ...series.gitutil import git
 
     head = git(["rev-parse", "HEAD"], ROOT, check=False).stdout.strip() or "unknown"
     dirty = git(["status", "--porcelain", "--", "src", "engine", "patches", "docker", "upstream.lock"], ROOT,

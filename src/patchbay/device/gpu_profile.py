@@ -1,7 +1,7 @@
 """Where a decode step of the batching engine goes, on the GPU, for engine settings side by side.
 
-    python -m patchbay.gpu_profile --out DIR [--setting NAME=JSON ...] [--levels 1,8,32]
-    python -m patchbay.gpu_profile window --slug S --title T --headline H --part NAME=DIR ... [--notes F]
+    python -m patchbay.device profile --out DIR [--setting NAME=JSON ...] [--levels 1,8,32]
+    python -m patchbay.device profile window --slug S --title T --headline H --part NAME=DIR ... [--notes F]
 
 Runs in one process on the GPU machine (through scripts/gpu-run.sh): air12 is built from its seed,
 then for each setting a fresh continuous-batching manager is made the way `transformers serve`
@@ -28,11 +28,10 @@ import json
 import os
 import re
 import shlex
-import sys
 import time
 from pathlib import Path
 
-from . import load_hooks
+from ..runtime import load_hooks
 
 DEFAULT_SETTINGS = {
     "graphs": {"use_cuda_graph": True},
@@ -277,7 +276,7 @@ def window_tables(parts: list[tuple[str, dict]]) -> tuple[list[str], dict]:
              "`host gap` = wall − GPU busy: host work between steps that the GPU waits for. A cold-prompt "
              "row is one prompt's time to its first token, not a decode step.", "",
              "## Throughput (aggregate tok/s; roofline = HBM bandwidth over the bf16 bytes a step reads, "
-             "`patchbay.roofline`)", "",
+             "`patchbay.device.roofline`)", "",
              "| part / setting | level | aggregate tok/s | per-stream decode tok/s | roofline tok/s | of roofline | "
              "distinct replies | replies sha |", "|---|---|---:|---:|---:|---:|---:|---|", *speed, ""]
     if ttft:
@@ -292,7 +291,7 @@ def write_window(results_dir: Path, slug: str, title: str, parts: list[tuple[str
     the tables above, then the notes (what was found, in words)."""
     import shutil
 
-    from . import windows
+    from ..measure import windows
 
     records = [(name, json.loads((folder / "profile.json").read_text())) for name, folder in parts]
     window = windows.create(results_dir, slug)
@@ -307,7 +306,7 @@ def write_window(results_dir: Path, slug: str, title: str, parts: list[tuple[str
     tables, summary = window_tables(records)
     first = records[0][1]
     intro = [f"# W{window.name[1:3]}: {title}", "",
-             f"`python -m patchbay.gpu_profile` on {first['device']} (torch {first['torch']}), model "
+             f"`python -m patchbay.device profile` on {first['device']} (torch {first['torch']}), model "
              f"`{first.get('model', 'synthetic:air12')}`; the settings of each part are in its profile.json.", ""]
     (window / "SUMMARY.md").write_text("\n".join(intro + tables + [notes.strip(), ""]))
     (window / "command.txt").write_text("\n".join(commands) + "\n")
@@ -321,7 +320,7 @@ def write_window(results_dir: Path, slug: str, title: str, parts: list[tuple[str
 
 
 def window_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m patchbay.gpu_profile window")
+    p = argparse.ArgumentParser(prog="python -m patchbay.device profile window")
     p.add_argument("--slug", required=True)
     p.add_argument("--title", required=True)
     p.add_argument("--part", action="append", required=True, metavar="NAME=DIR",
@@ -330,7 +329,7 @@ def window_main(argv: list[str]) -> int:
     p.add_argument("--headline", required=True)
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
-    from . import windows
+    from ..measure import windows
 
     parts = []
     for spec in args.part:
@@ -356,9 +355,9 @@ def main(argv: list[str]) -> int:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from . import roofline
-    from .synth import build_air12
+    from ..runtime.synth import build_air12
 
-    p = argparse.ArgumentParser(prog="python -m patchbay.gpu_profile")
+    p = argparse.ArgumentParser(prog="python -m patchbay.device profile")
     p.add_argument("--out", required=True)
     p.add_argument("--setting", action="append", default=[], help="NAME or NAME=JSON (repeatable)")
     p.add_argument("--levels", default="1,8,32")
@@ -399,7 +398,7 @@ def main(argv: list[str]) -> int:
         build = f"transformers-{transformers.__version__} (pristine)"
     record = {"device": device_name, "torch": torch.__version__, "model": args.model or "synthetic:air12",
               "build": build, "settings": {}, "passes": []}
-    (out / "command.txt").write_text("python -m patchbay.gpu_profile " + shlex.join(argv) + "\n")
+    (out / "command.txt").write_text("python -m patchbay.device profile " + shlex.join(argv) + "\n")
     default_experts = model.config._experts_implementation
     for name, setting in settings:
         setting = dict(setting)
@@ -469,7 +468,3 @@ def main(argv: list[str]) -> int:
                     torch.cuda.empty_cache()
     (out / "profile.json").write_text(json.dumps(record, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -12,10 +12,10 @@ import re
 import time
 from dataclasses import dataclass
 
-from . import procenv
-from .config import Config
+from .. import procenv
+from ..config import Config
 from .image import LABEL, image_tag
-from .launch import LaunchError, first_streamed_token, health
+from ..launch import LaunchError, first_streamed_token, health
 from .nodes import Node, NodeError, nodes
 from .preflight import model_mount, rank_knobs
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .config import Config
+from ..config import Config
 from .image import LABEL, find_image, image_tag, is_current, recipe_hash
-from .knobs import Knob, KnobError
+from ...series.knobs import Knob, KnobError
 from .nodes import Node, NodeError, nodes
 
 MANIFEST_VOLUME = "patchbay-manifests"  # the verified-weights manifests; kept across restarts
@@ -66,7 +66,7 @@ def knob_rows(cfg: Config, image, build_id: str) -> list[Row]:
 
 
 def run_probe(client, tag: str, name: str, spec: dict, model_path: str | None, detach: bool = False):
-    """Run patchbay.probe in a throwaway container on the node's host network."""
+    """Run patchbay.runtime.docker.probe in a throwaway container on the node's host network."""
     import docker.errors
     import docker.types
 
@@ -78,7 +78,7 @@ def run_probe(client, tag: str, name: str, spec: dict, model_path: str | None, d
     if model_path:
         mounts.append(model_mount(model_path))
     kwargs = dict(name=name, network_mode="host", mounts=mounts, labels={f"{LABEL}.probe": "1"})
-    cmd = ["python3", "-m", "patchbay.probe", json.dumps(spec)]
+    cmd = ["python3", "-m", "patchbay.runtime.docker.probe", json.dumps(spec)]
     if detach:
         return client.containers.run(tag, cmd, detach=True, remove=True, **kwargs)
     try:

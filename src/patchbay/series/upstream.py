@@ -18,7 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ROOT
+from .. import ROOT
 from .gitutil import changed_files, commit_all, git, init_repo, worktree_tree
 
 LOCK_PATH = ROOT / "upstream.lock"

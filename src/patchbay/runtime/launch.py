@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from . import procenv
-from .build import Engine
+from ..series.build import Engine
 from .config import Config
 
 
