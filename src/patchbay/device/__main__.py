@@ -28,6 +28,10 @@ def _invariance(argv: list[str]) -> int:
 
 
 def _profile(argv: list[str]) -> int:
+    if argv[:1] == ["window"]:
+        from .profile_window import main
+
+        return main(argv[1:])
     from .gpu_profile import main
 
     return main(argv)
