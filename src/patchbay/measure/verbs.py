@@ -18,9 +18,9 @@ from ..verb import Fail, generated, guarded
 
 
 def cmd_exact(args) -> int:
+    from ..runtime.launch import engine_env
     from ..series import build
     from . import exact
-    from ..runtime.launch import engine_env
 
     if not (args.pristine or args.knob or args.batched or args.b_url):
         raise Fail("say what to check: --pristine, and/or --url URL with --knob PB_X=off,on, --batched N or "
@@ -61,10 +61,10 @@ def cmd_exact(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from ..series import build
-    from . import exact
-    from ..series.knobs import validate_settings
     from ..runtime.launch import engine_env
+    from ..series import build
+    from ..series.knobs import validate_settings
+    from . import exact
 
     def side(series_dir, knob_specs, name):
         knobs = dict(spec.partition("=")[::2] for spec in knob_specs or [])

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from . import procenv
 from ..series.build import Engine
+from . import procenv
 from .config import Config
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from .. import procenv
 from ..config import Config
-from .image import LABEL, image_tag
 from ..launch import LaunchError, first_streamed_token, health
+from .image import LABEL, image_tag
 from .nodes import Node, NodeError, nodes
 from .preflight import model_mount, rank_knobs
 

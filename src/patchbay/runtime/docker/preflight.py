@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ...series.knobs import Knob, KnobError
 from ..config import Config
 from .image import LABEL, find_image, image_tag, is_current, recipe_hash
-from ...series.knobs import Knob, KnobError
 from .nodes import Node, NodeError, nodes
 
 MANIFEST_VOLUME = "patchbay-manifests"  # the verified-weights manifests; kept across restarts
