@@ -3,7 +3,7 @@
 There they run through scripts/gpu-run.sh; `wheels` and `profile window` run here.
 
     serve, ab, exact, agent, served-profile, wheels   this parser's verbs
-    moe, invariance, profile, profiled                 each with its own flags (VERB --help)
+    moe, invariance, profile, profiled                 each parses its own flags (its module's main)
 """
 
 from __future__ import annotations
