@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine with torch but no network: install the wheels gathered by
-# `python -m patchbay.gpu wheels` (in .whl/), then run a GPU job.
+# `python -m patchbay.device wheels` (in .whl/), then run a GPU job.
 #   scripts/gpu-run.sh ENGINE CMD...   ENGINE: upstream | patched
 # The engine's transformers goes first on PYTHONPATH, then the carried packages, then patchbay.
 set -euo pipefail
@@ -20,5 +20,5 @@ if [ ! -f "$site/.done" ]; then
     touch "$site/.done"
 fi
 export PYTHONPATH="/tmp/pb-engine-$engine:$site:$root/src"
-# The engine's process environment, NVLink multicast off for the ranks a job starts (patchbay.procenv).
-exec python3 -m patchbay.procenv --ranks -- "$@"
+# The engine's process environment, NVLink multicast off for the ranks a job starts (patchbay.runtime.procenv).
+exec python3 -m patchbay.runtime.procenv --ranks -- "$@"

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from patchbay import ROOT, build, config, launch, series
+from patchbay import ROOT
+from patchbay.runtime import config, launch
+from patchbay.series import build, series
 
 
 def _ephemeral_floor() -> int:
@@ -92,7 +94,7 @@ def pristine_engine() -> build.Engine:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    from patchbay import synth  # torch and transformers: only for the tests that need a model
+    from patchbay.runtime import synth  # torch and transformers: only for the tests that need a model
 
     return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
 

@@ -8,7 +8,7 @@ import sys
 from transformers import AutoTokenizer
 from transformers._pb.runtime import split_encode
 
-from patchbay import prompt_texts
+from patchbay.measure import prompt_texts
 
 split_encode.PIECES = 8  # 0420: as many pieces as a 16-core host cuts, whatever this machine has
 engaged = []

@@ -482,7 +482,8 @@ def test_teacher_forced_score_through_the_server(agent, patched_engine, tiny_mod
     """`patchbay score --url`: each reference reply forced through the served engine's decode
     path gives the same logprobs as the in-process teacher-forced forward (plus the end token);
     sent all at once (batched) they stay at float rounding."""
-    from patchbay import exact, launch
+    from patchbay.measure import exact
+    from patchbay.runtime import launch
 
     served = exact.score_served(agent.url, tiny_model)
     local = exact.score_engine(launch.engine_env(patched_engine, {}), tiny_model)

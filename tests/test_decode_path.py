@@ -189,7 +189,7 @@ def test_a_compiled_server_warms_up_before_its_first_batch(patched_engine, tiny_
     """0260 under `transformers serve`, which never warms up: with the knob on, the batching
     thread runs upstream's warm-up (compile and, with graphs, capture) before the first batch,
     and the compiled server's greedy replies equal the uncompiled one's."""
-    from patchbay import exact
+    from patchbay.measure import exact
 
     from .conftest import ALL_ON, Server
 

@@ -8,8 +8,8 @@ knobs on, it reports the differences.
 
 import pytest
 
-from patchbay import exact
-from patchbay.launch import engine_env
+from patchbay.measure import exact
+from patchbay.runtime.launch import engine_env
 
 pytestmark = pytest.mark.engine
 
@@ -54,7 +54,8 @@ def test_a_patch_leaking_with_its_knob_off_is_caught(tmp_path, server_pristine, 
     """The knob-off check can fail: a copy of the series whose SSE patch ignores its knob."""
     import shutil
 
-    from patchbay import ROOT, build, series
+    from patchbay import ROOT
+    from patchbay.series import build, series
 
     from .conftest import Server
 

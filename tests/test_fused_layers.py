@@ -70,7 +70,7 @@ def test_a_served_model_takes_all_three_at_load_and_replies_as_upstream(patched_
                                                                  tmp_path, monkeypatch):
     """Through `transformers serve`: the model manager's load hooks install all three (the log
     says so) and the greedy replies to the exactness prompts equal the knobs-off server's."""
-    from patchbay import exact
+    from patchbay.measure import exact
 
     from .conftest import Server
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from .conftest import engine_code
-from patchbay import series
+from patchbay.series import series
 
 PB = series.OVERLAY_DIR / "_pb"
 # the engine's modules by name (kernel modules share their op's name and hold no hooks)

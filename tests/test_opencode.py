@@ -46,7 +46,7 @@ def opencode() -> Path:
 
 @pytest.fixture(scope="module")
 def server(patched_engine, tmp_path_factory):
-    from patchbay import synth
+    from patchbay.runtime import synth
 
     model = synth.write_tiny(ROOT / ".cache" / "models" / f"tiny-s0-c{CONTEXT // 1024}k", seed=0, context=CONTEXT)
     s = Server(patched_engine, str(model), {**ALL_ON, "PB_FORCED_DECODING": "1"}, tmp_path_factory.mktemp("run-oc"),

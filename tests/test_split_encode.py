@@ -75,7 +75,7 @@ def split(patched_engine):
 
 
 TOKENIZERS = {
-    "synthetic (GPT-2's byte level)": lambda: __import__("patchbay.synth", fromlist=["x"]).build_tokenizer()
+    "synthetic (GPT-2's byte level)": lambda: __import__("patchbay.runtime.synth", fromlist=["x"]).build_tokenizer()
     .backend_tokenizer,
     "GLM-like, digits in threes": glm_like,
     "Qwen-like, one digit": lambda: glm_like(WORDS_ONE_DIGIT),

@@ -17,10 +17,11 @@ import time
 import httpx
 import pytest
 
-from patchbay import exact, launch
+from patchbay.measure import exact
+from patchbay.runtime import launch
 
 from .conftest import ALL_ON, LOCAL, free_port
-from .test_launch import assert_one_line_error, patchbay, write_config
+from .runtime.test_launch import assert_one_line_error, patchbay, write_config
 
 pytestmark = pytest.mark.engine
 

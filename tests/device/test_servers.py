@@ -1,0 +1,30 @@
+"""The GPU machine's servers, here on the CPU: a checkpoint as tensor-parallel ranks."""
+
+import pytest
+
+from patchbay.device import servers
+
+
+@pytest.mark.engine
+def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_model, tmp_path, monkeypatch):
+    """The GPU runner's own launch of TP ranks (for the two-GPU machine, where patchbay cannot
+    build), here as two gloo ranks on the CPU: rank 0 answers, both stop."""
+    import httpx
+
+    from ..conftest import free_port
+
+    port = free_port()
+    with monkeypatch.context() as env:  # the engine first on the servers' path
+        env.setenv("PYTHONPATH", str(patched_engine.site))
+        procs = servers.start_ranks(tiny_model, 2, port, {"PB_FINGERPRINT": "1"}, tmp_path, device="cpu",
+                                engine_args="--cb-num-blocks 32 --cb-max-batch-tokens 256",
+                                rdzv_port=free_port(), ready_timeout=300)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+                       json={"model": tiny_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["pb_fingerprint"]
+        assert "rank 1 follows rank 0's batches" in (tmp_path / "rank1.log").read_text()
+    finally:
+        for proc in procs:
+            servers.stop_server(proc)
+    assert all(proc.poll() is not None for proc in procs)
