@@ -1,0 +1,1 @@
+"""Measuring the engine: benchmarks, statistics, results windows and the tools under tools/."""
