@@ -14,7 +14,9 @@ def run_with_hooks(code: str, cwd: Path, *paths: Path, timeout: float = 120, **e
     base = {k: v for k, v in os.environ.items()
             if k not in ("HOSTPROF_LOG", "STALLPROF_DIR", "HOSTPROF2_DIR", "PYTHONPATH")}
     pythonpath = os.pathsep.join([str(hooks.SITE), *map(str, paths), str(ROOT / "src")])
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    script = cwd / "job.py"  # a file, not -c: Triton reads a kernel's source
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**base, "PYTHONPATH": pythonpath, **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
