@@ -61,7 +61,7 @@ def test_only_the_infrastructure_patch_hooks_the_model_manager(real_series):
 @pytest.mark.engine
 @pytest.mark.parametrize("router", ["0", "1"])
 def test_the_tools_take_the_servers_sequence_and_restore_undoes_it(patched_engine, router):
-    code = ("import json; from patchbay import load_hooks; "
+    code = ("import json; from patchbay.runtime import load_hooks; "
             "from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter as R; "
             "upstream = R.forward; kwargs = load_hooks.apply(); swapped = R.forward is not upstream; "
             "load_hooks.restore(); print(json.dumps({'kwargs': sorted(kwargs), 'swapped': swapped, "
@@ -74,7 +74,7 @@ def test_the_tools_take_the_servers_sequence_and_restore_undoes_it(patched_engin
 
 @pytest.mark.engine
 def test_the_pristine_engine_has_no_sequence(pristine_engine):
-    proc = engine_code("from patchbay import load_hooks; print(load_hooks.sequence() is None, load_hooks.apply())",
+    proc = engine_code("from patchbay.runtime import load_hooks; print(load_hooks.sequence() is None, load_hooks.apply())",
                        pristine_engine)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "{}"]

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ..conftest import ROOT
+from ..conftest import ROOT, engine_environ
 
 
 @pytest.mark.engine
@@ -17,7 +17,8 @@ def test_invariance_probe_finds_the_moe_path_switch_on_the_cpu(patched_engine, t
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": f"{patched_engine.site}:{ROOT / 'src'}", "TRITON_INTERPRET": "1"}
+    env = engine_environ(patched_engine, TRITON_INTERPRET="1")  # the interpreter's own dot first on the path
+    env["PYTHONPATH"] += f"{os.pathsep}{ROOT / 'src'}"
     cmd = [sys.executable, "-m", "patchbay.device", "invariance", "--out", str(tmp_path), "--device", "cpu", "--small"]
     proc = subprocess.run([*cmd, "--rows", "1,2,200"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

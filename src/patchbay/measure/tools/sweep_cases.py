@@ -1,0 +1,146 @@
+"""The sweeps sweep.py runs: the engine's own kernels at synthetic:air12's shapes, their launch
+tiles overridden one configuration at a time, bits against the engine's own choice.
+
+- gemm: 0380's invariant GEMM (invariant_gemm.gemm) on every dense product of a layer, TP=1 and
+  TP=2 shards, at --rows rows; the pointer path's tile (invariant_gemm.tiles) or, with --tma,
+  0410's TMA tile (tma_tiles); cuBLAS (F.linear) timed beside it. W13 tune4, W14 tune6.
+- moe: 0390's large-step MoE kernels (fused_moe.experts_forward with moe_one_path on) on a
+  --tokens-token step, each kernel's tile in turn against the engine's other, pointer and TMA
+  weight reads (0430). W14 tune7.
+
+Both need CUDA and the patched engine (scripts/gpu-run.sh patched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+from patchbay.measure.tools import sweep
+
+# (name, N, K, has bias) of air12's dense products: TP=1, and TP=2's shard of each
+GEMMS = {"1": [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), ("shared_gate_up", 2816, 4096, False),
+               ("shared_down", 4096, 1408, False), ("dense_gate_up", 21888, 4096, False),
+               ("dense_down", 4096, 10944, False)],
+         "2": [("qkv+bias", 7168, 4096, True), ("o_proj", 4096, 6144, False), ("shared_gate_up", 1408, 4096, False),
+               ("shared_down", 4096, 704, False), ("dense_gate_up", 10944, 4096, False),
+               ("dense_down", 4096, 5472, False)]}
+GEMM_TILES = "128x128x64w8s3,128x128x64w8s4,256x128x64w8s3,128x256x64w8s3,128x64x64w4s4,64x128x64w4s4,128x128x128w8s3"
+MOE_INTER = {"1": 1408, "2": 704}  # an expert's width per shard
+GATE_UP_TILES = "128x64w8s3,128x64w8s4,128x128w8s3,64x64w4s4,128x32w8s4"
+DOWN_TILES = "256x64w8s4,128x64w8s4,256x64w8s3,128x128w8s3"
+
+
+@contextlib.contextmanager
+def overridden(module, **values):
+    """module's attributes set to values inside the block, restored after."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def gemm(args, command: str) -> sweep.Results:
+    import torch
+    import torch.nn.functional as F
+    from transformers._pb import invariant_gemm as ig
+
+    tiles = [ig.Tiles(*t) for t in sweep.parse_tiles(args.tiles, 5)]
+    results = sweep.Results(args.out, "gemm", {"command": command, "rows": args.rows, "tma": args.tma,
+                                               "device": torch.cuda.get_device_name()})
+    path = "tma_tiles" if args.tma else "tiles"
+    for tp in args.tp:
+        for name, n, k, has_bias in GEMMS[tp]:
+            gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
+            w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16()
+            bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).bfloat16() if has_bias else None
+            x = torch.randn((args.rows, k), generator=gen, device="cuda").bfloat16()
+            with overridden(ig, TMA=args.tma):
+                ref = ig.gemm(x, w.t(), bias)
+                chunked = -(-k // ig.chunk_k(n, k)) > 1
+                own = ig.tma_tiles(args.rows, n, chunked) if args.tma else ig.tiles(args.rows, x.dtype, chunked)
+
+                def run(tile, _i):
+                    fixed = (lambda m, n_, c: tile) if args.tma else (lambda m, dtype, c: tile)
+                    with overridden(ig, **{path: fixed}):
+                        return ig.gemm(x, w.t(), bias)
+
+                rows = sweep.sweep(run, tiles, ref, "events")
+            cublas = sweep.timer("events")(lambda _i: F.linear(x, w, bias))
+            results.add({"tp": tp, "gemm": name, "n": n, "k": k, "chunked": chunked}, rows,
+                        engine_tile=list(own) if own else None, cublas_ms=round(cublas, 5))
+            del w, x, bias
+    return results
+
+
+def moe(args, command: str) -> sweep.Results:
+    import torch
+    from transformers import Glm4MoeConfig
+    from transformers._pb import fused_moe, moe_one_path
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
+
+    gate_ups, downs = sweep.parse_tiles(args.gate_up, 4), sweep.parse_tiles(args.down, 4)
+    results = sweep.Results(args.out, "moe", {"command": command, "tokens": args.tokens,
+                                              "device": torch.cuda.get_device_name()})
+    own = moe_one_path.GATE_UP_TILES, moe_one_path.DOWN_TILES
+    # one kernel's tile at a time against the engine's other
+    configs = ([{"gate_up": g, "down": own[1], "tma": t} for g in gate_ups for t in (False, True)]
+               + [{"gate_up": own[0], "down": d, "tma": t} for d in downs if d != own[1] for t in (False, True)])
+    for tp in args.tp:
+        config = Glm4MoeConfig(hidden_size=4096, moe_intermediate_size=MOE_INTER[tp], n_routed_experts=128,
+                               num_experts_per_tok=8)
+        torch.manual_seed(0)
+        experts = Glm4MoeExperts(config).cuda().bfloat16()
+        with torch.no_grad():
+            experts.gate_up_proj.normal_(0, 0.02)
+            experts.down_proj.normal_(0, 0.02)
+        x = torch.randn(args.tokens, 4096, device="cuda").bfloat16()
+        index = torch.rand(args.tokens, 128, device="cuda").topk(8, dim=1).indices
+        weights = torch.rand(args.tokens, 8, device="cuda")
+
+        def run(cfg, _i):
+            with overridden(moe_one_path, ENABLED=True, TMA=cfg["tma"], GATE_UP_TILES=cfg["gate_up"],
+                            DOWN_TILES=cfg["down"]), torch.no_grad():
+                return fused_moe.experts_forward(experts, x, index, weights)
+
+        ref = run({"tma": False, "gate_up": own[0], "down": own[1]}, 0)
+        rows = sweep.sweep(run, configs, ref, "events")
+        results.add({"tp": tp, "inter": MOE_INTER[tp], "tokens": args.tokens}, rows,
+                    engine_tiles={"gate_up": own[0], "down": own[1]})
+        del experts, x
+        torch.cuda.empty_cache()
+    return results
+
+
+CASES = {"gemm": gemm, "moe": moe}
+
+
+def shards(text: str) -> list[str]:
+    out = text.split(",")
+    if not out or any(tp not in GEMMS for tp in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1, 2 or 1,2")
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m patchbay.measure.tools.sweep",
+                                description="launch sweeps of the engine's kernels (see sweep_cases.py)")
+    sub = p.add_subparsers(dest="case", required=True)
+    g = sub.add_parser("gemm", help="0380/0410's GEMM tiles at a prompt's rows")
+    g.add_argument("out", type=Path)
+    g.add_argument("--rows", type=int, default=8192)
+    g.add_argument("--tp", type=shards, default="1,2", help="the shards: 1, 2 or 1,2 (default: %(default)s)")
+    g.add_argument("--tma", action="store_true", help="sweep 0410's TMA tile (else the pointer path's)")
+    g.add_argument("--tiles", default=GEMM_TILES, help="MxNxKwWARPSsSTAGES,… (default: %(default)s)")
+    m = sub.add_parser("moe", help="0390/0430's large-step MoE tiles")
+    m.add_argument("out", type=Path)
+    m.add_argument("--tokens", type=int, default=8192)
+    m.add_argument("--tp", type=shards, default="1,2")
+    m.add_argument("--gate-up", default=GATE_UP_TILES, help="BNxBKwWARPSsSTAGES,… (default: %(default)s)")
+    m.add_argument("--down", default=DOWN_TILES)
+    return p
