@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from patchbay import bench, prompts
+from patchbay.measure import bench, prompts
 from patchbay.measure.tools import client, stalls
 
 # A stand-in for the engine's chat endpoint: two streamed pieces, 50 ms apart, then the usage block.
@@ -69,7 +69,7 @@ def test_epoch_runs_a_job_with_bench_runs_clock_written_first(server, tmp_path):
     job = tmp_path / "epochjob.py"
     job.write_text(f'''
 import json, sys
-from patchbay import bench, prompts
+from patchbay.measure import bench, prompts
 plan = bench.Plan(url={server!r}, model="m", arms={{"A": {{}}, "B": {{}}}}, prompts=prompts.select(["prefill"])[:1],
                   levels=[1], reps=1, warmup=0, max_tokens=4, timeout=10)
 rows = []

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from patchbay.measure.tools import sweep, sweep_cases
+from patchbay.measure.tools import sweep
 
 
 def blocked_matmul(a, b, cfg, _copy):
@@ -56,24 +56,8 @@ def test_copies_rotate_an_operand_past_l2():
 
 
 def test_tile_specs():
-    assert sweep.parse_tiles(sweep_cases.GEMM_TILES, 5)[0] == (128, 128, 64, 8, 3)
     assert sweep.parse_tiles("128x64w8s3,64x64w4s4", 4) == [(128, 64, 8, 3), (64, 64, 4, 4)]
     with pytest.raises(ValueError, match="NxNxNwWARPSsSTAGES"):
         sweep.parse_tiles("128x64w8s3", 5)
     with pytest.raises(ValueError, match="timer 'fast'"):
         sweep.timer("fast")
-
-
-def test_overridden_restores_the_engines_settings():
-    class Module:
-        TMA, TILES = False, (1, 2)
-
-    with pytest.raises(RuntimeError), sweep_cases.overridden(Module, TMA=True, TILES=(3, 4)):
-        assert Module.TMA and Module.TILES == (3, 4)
-        raise RuntimeError("a config that fails")
-    assert Module.TMA is False and Module.TILES == (1, 2)
-
-
-def test_the_engine_cases_refuse_to_start_without_a_gpu(tmp_path, capsys):
-    assert sweep.main(["gemm", str(tmp_path / "out"), "--tp", "1"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -1,5 +1,4 @@
 import math
-from pathlib import Path
 
 from patchbay import ROOT
 from patchbay.measure.tools import timeline, timing_hook

@@ -3,7 +3,7 @@
 There they run through scripts/gpu-run.sh; `wheels` and `profile window` run here.
 
     serve, ab, exact, agent, served-profile, wheels   this parser's verbs
-    moe, invariance, profile, profiled                 each parses its own flags (its module's main)
+    moe, invariance, profile, profiled, memfit, sweep  each parses its own flags (its module's main)
 """
 
 from __future__ import annotations
@@ -43,6 +43,18 @@ def _profiled(argv: list[str]) -> int:
     return main(argv)
 
 
+def _memfit(argv: list[str]) -> int:
+    from .memfit import main
+
+    return main(argv)
+
+
+def _sweep(argv: list[str]) -> int:
+    from .sweep import main
+
+    return main(argv)
+
+
 # Verbs that parse their own flags: VERB -> (its main, its help).
 OWN_FLAGS = {
     "moe": (_moe, "one MoE layer's experts implementations against the roofline (`moe table FILE`: its table)"),
@@ -50,6 +62,8 @@ OWN_FLAGS = {
     "profile": (_profile, "engine settings side by side in one process, their decode steps' kernels "
                           "(`profile window`: a results window of such runs)"),
     "profiled": (_profiled, "OUT_DIR -- MODULE ARGS: run `python -m MODULE` under the served-profile profiler"),
+    "memfit": (_memfit, "OUT: a full KV pool of cold prompts at once against one server, GPU memory sampled"),
+    "sweep": (_sweep, "gemm|moe OUT: the engine's kernels' launch tiles, bits checked, timed"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Clients for the hook measurements, against a running server (or a `patchbay.gpu` job):
+"""Clients for the hook measurements, against a running server (or a `patchbay.device` job):
 
     python -m patchbay.measure.tools.client cold URL OUT N [--max-prompt-tokens 8192] [--max-tokens 4]
         N cold prompts one at a time (each opens with its own line: nothing cached), 0.5 s apart;
@@ -6,8 +6,8 @@
         against timing_hook's log, which is on the same clock)
     python -m patchbay.measure.tools.client decode URL TOKENS REPS
         one greedy count-suite reply of TOKENS tokens at a time (C1 decode), REPS times; tok/s each
-    python -m patchbay.measure.tools.client epoch FILE [--module patchbay.gpu] -- ARGS...
-        runs `python -m MODULE ARGS` (default module patchbay.gpu) with patchbay.bench.run made to
+    python -m patchbay.measure.tools.client epoch FILE [--module patchbay.device] -- ARGS...
+        runs `python -m MODULE ARGS` (default module patchbay.device) with patchbay.bench.run made to
         write its clock's epoch to FILE first (`EPOCH <perf_counter s>`): raw.jsonl's times are
         seconds after it, and stall_hook's events are on that clock (stalls.py)
 
@@ -34,7 +34,7 @@ def wall_epoch() -> float:
 
 def cold_requests(client, plan, prompt, n: int, out: Path, pause: float = 0.5, say=print) -> list[dict]:
     """n requests for prompt, one at a time; appends `send first end` per request to out."""
-    from patchbay import bench
+    from patchbay.measure import bench
 
     recs = []
     with out.open("w") as f:
@@ -61,7 +61,7 @@ def decode_rate(rec: dict) -> float | None:
 
 def with_epoch(path: Path, module: str, args: list[str]) -> None:
     """Run module as __main__ with args, bench.run writing its epoch to path first."""
-    from patchbay import bench
+    from patchbay.measure import bench
 
     run = bench.run
 
@@ -80,7 +80,7 @@ def with_epoch(path: Path, module: str, args: list[str]) -> None:
 
 
 def _plan(url: str, suite: str, max_prompt_tokens: int | None, max_tokens: int, cold: bool, timeout: float):
-    from patchbay import bench
+    from patchbay.measure import bench
 
     info, chosen = bench.prepare(url, None, [suite], max_prompt_tokens, cold=cold)
     plan = bench.Plan(url=url, model=info["model"], arms={"A": {}, "B": {}}, prompts=chosen, levels=[1], reps=1,
@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("url")
     d.add_argument("tokens", type=int)
     d.add_argument("reps", type=int)
-    e = sub.add_parser("epoch", help="a patchbay.gpu (or MODULE) job with bench.run's epoch in FILE")
+    e = sub.add_parser("epoch", help="a patchbay.device (or MODULE) job with bench.run's epoch in FILE")
     e.add_argument("file", type=Path)
-    e.add_argument("--module", default="patchbay.gpu", help="run as python -m MODULE (default: %(default)s)")
+    e.add_argument("--module", default="patchbay.device", help="run as python -m MODULE (default: %(default)s)")
     # what follows -- is the job's: split before argparse, which would read its flags as ours
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = p.parse_args(ours)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from patchbay import bench
+    from patchbay.measure import bench
 
     try:
         if args.verb == "cold":

@@ -2,7 +2,7 @@
 over a range of bodies, per process. Runs as a sitecustomize hook in the server:
 
     HOSTPROF2_DIR=DIR [HOSTPROF2_FROM=300] [HOSTPROF2_TO=900] \
-        PYTHONPATH=$(python -m patchbay.measure.tools.hooks site):$PYTHONPATH python3 -m patchbay.gpu serve ...
+        PYTHONPATH=$(python -m patchbay.measure.tools.hooks site):$PYTHONPATH python3 -m patchbay.device serve ...
 
 Bodies before FROM: their start (perf_counter s) and wall ms in DIR/walls-PID.txt; bodies FROM..TO
 run under cProfile, dumped to DIR/loop-PID.prof when body TO ends (`python -m pstats`). Both files

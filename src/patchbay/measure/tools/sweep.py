@@ -1,10 +1,11 @@
 """Launch sweeps: a kernel's configurations over a grid, each run checked against a reference run's
-bits and timed; the fastest whose bits match is the best. On the GPU machine:
+bits and timed; the fastest whose bits match is the best. The harness; the engine's own kernels at
+air12's shapes are swept by the device job on the GPU machine (patchbay.device.sweep):
 
-    python3 -m patchbay.measure.tools.sweep gemm OUT [--rows 8192] [--tp 1,2] [--tma] [--tiles 128x128x64w8s3,…]
-    python3 -m patchbay.measure.tools.sweep moe OUT [--tokens 8192] [--tp 1,2] [--gate-up 128x64w8s3,…] [--down …]
+    python3 -m patchbay.device sweep gemm OUT [--rows 8192] [--tp 1,2] [--tma] [--tiles 128x128x64w8s3,…]
+    python3 -m patchbay.device sweep moe OUT [--tokens 8192] [--tp 1,2] [--gate-up 128x64w8s3,…] [--down …]
 
-(the cases: sweep_cases.py, the engine's own kernels at air12's shapes). OUT/sweep-CASE.json is
+OUT/sweep-CASE.json is
 rewritten after every case (a crash loses nothing done), one JSON line a configuration is printed,
 and OUT/command.txt records the command. Timers, by what the kernel's size needs (AGENTS.md):
 `graph` captures the calls in a CUDA graph, each with its own copy of the weights so they are read
@@ -172,30 +173,3 @@ def parse_tiles(text: str, fields: int) -> list[tuple[int, ...]]:
             raise ValueError(f"{spec!r}: expected {'x'.join(['N'] * (fields - 2))}wWARPSsSTAGES")
         out.append(tile)
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    from patchbay.measure.tools import record, sweep_cases
-
-    argv = sys.argv[1:] if argv is None else argv
-    parser = sweep_cases.parser()
-    args = parser.parse_args(argv)
-    if not cuda():
-        print(f"sweep: {args.case} needs a CUDA device and the patched engine (scripts/gpu-run.sh patched)",
-              file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    line = record.write_command(args.out, "sweep", argv)
-    try:
-        results = sweep_cases.CASES[args.case](args, line)
-    except ValueError as e:
-        print(f"sweep: {e}", file=sys.stderr)
-        return 2
-    for entry in results.data["cases"]:
-        print(f"best {json.dumps(entry['case'])}: {entry['best']}")
-    print(f"wrote {results.path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

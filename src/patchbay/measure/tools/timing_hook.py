@@ -3,7 +3,7 @@ engine's request, batching and tokenizer functions (TARGETS), and optionally of 
 made inside chosen functions (OPS_INSIDE). Runs in the server as a sitecustomize hook:
 
     PYTHONPATH=$(python -m patchbay.measure.tools.hooks site):$PYTHONPATH HOSTPROF_LOG=hook.tsv \
-        python3 -m patchbay.gpu serve ...
+        python3 -m patchbay.device serve ...
 
 Environment (read once, at interpreter start):
     HOSTPROF_LOG=FILE            on; one line per call appended to FILE

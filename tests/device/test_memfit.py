@@ -1,4 +1,4 @@
-from patchbay.measure.tools import memfit
+from patchbay.device import memfit
 
 SMI = "51234, 143771\n50012, 143771\n"
 

@@ -2,7 +2,7 @@
 tokens) gets STREAMS cold prompts of about PROMPT tokens at once (short replies) while nvidia-smi
 samples the GPUs' memory every 0.2 s. On the GPU machine, through scripts/gpu-run.sh patched:
 
-    python3 -m patchbay.measure.tools.memfit OUT --env @prod [--tp 1] [--streams 32] [--pages 1024]
+    python3 -m patchbay.device memfit OUT --env @prod [--tp 1] [--streams 32] [--pages 1024]
         [--prompt-tokens 8100] [--max-tokens 64] [--model-dir /tmp/air12]
 
 Writes OUT/memfit.json (how many were served, their first tokens, each GPU's memory ready and at
@@ -100,9 +100,10 @@ def run(out: Path, env: dict, tp: int, streams: int, pages: int, prompt_tokens: 
 
     import httpx
 
-    from patchbay import bench, gpu
+    from patchbay.device import servers
+    from patchbay.measure import bench
 
-    procs = gpu.start_serving(model_dir, tp, port, env, out / "logs", True, pages)
+    procs = servers.start_serving(model_dir, tp, port, env, out / "logs", True, pages)
     try:
         url = f"http://127.0.0.1:{port}"
         ready = smi()
@@ -121,14 +122,14 @@ def run(out: Path, env: dict, tp: int, streams: int, pages: int, prompt_tokens: 
         return result
     finally:
         for proc in procs:
-            gpu.stop_server(proc)
+            servers.stop_server(proc)
 
 
 def main(argv: list[str] | None = None) -> int:
     import json
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m patchbay.measure.tools.memfit", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m patchbay.device memfit", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--env", default="{}", help="the server's knobs: a JSON object, a knob set (@prod) or @prod+JSON")
     p.add_argument("--tp", type=int, default=1)
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", default="/tmp/air12", help="a checkpoint (patchbay synth air12 DIR)")
     p.add_argument("--port", type=int, default=8300)
     args = p.parse_args(argv)
-    from patchbay import gpu
+    from patchbay.device import gpu
 
     env = gpu.parse_env(args.env, "--env")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "ttft_s"}))
     return 0 if result["ok"] == args.streams else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The sweeps sweep.py runs: the engine's own kernels at synthetic:air12's shapes, their launch
+"""`python -m patchbay.device sweep`: the engine's own kernels at synthetic:air12's shapes, their launch
 tiles overridden one configuration at a time, bits against the engine's own choice.
 
 - gemm: 0380's invariant GEMM (invariant_gemm.gemm) on every dense product of a layer, TP=1 and
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import sys
 from pathlib import Path
 
-from patchbay.measure.tools import sweep
+from ..measure.tools import record, sweep
 
 # (name, N, K, has bias) of air12's dense products: TP=1, and TP=2's shard of each
 GEMMS = {"1": [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), ("shared_gate_up", 2816, 4096, False),
@@ -48,7 +50,7 @@ def overridden(module, **values):
 def gemm(args, command: str) -> sweep.Results:
     import torch
     import torch.nn.functional as F
-    from transformers._pb import invariant_gemm as ig
+    from transformers._pb.ops import invariant_gemm as ig
 
     tiles = [ig.Tiles(*t) for t in sweep.parse_tiles(args.tiles, 5)]
     results = sweep.Results(args.out, "gemm", {"command": command, "rows": args.rows, "tma": args.tma,
@@ -81,7 +83,7 @@ def gemm(args, command: str) -> sweep.Results:
 def moe(args, command: str) -> sweep.Results:
     import torch
     from transformers import Glm4MoeConfig
-    from transformers._pb import fused_moe, moe_one_path
+    from transformers._pb.ops import fused_moe, moe_one_path
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
 
     gate_ups, downs = sweep.parse_tiles(args.gate_up, 4), sweep.parse_tiles(args.down, 4)
@@ -128,8 +130,8 @@ def shards(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m patchbay.measure.tools.sweep",
-                                description="launch sweeps of the engine's kernels (see sweep_cases.py)")
+    p = argparse.ArgumentParser(prog="python -m patchbay.device sweep",
+                                description="launch sweeps of the engine's kernels at air12's shapes")
     sub = p.add_subparsers(dest="case", required=True)
     g = sub.add_parser("gemm", help="0380/0410's GEMM tiles at a prompt's rows")
     g.add_argument("out", type=Path)
@@ -144,3 +146,24 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--gate-up", default=GATE_UP_TILES, help="BNxBKwWARPSsSTAGES,… (default: %(default)s)")
     m.add_argument("--down", default=DOWN_TILES)
     return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    if not sweep.cuda():
+        print(f"sweep: {args.case} needs a CUDA device and the patched engine (scripts/gpu-run.sh patched)",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    line = record.write_command(args.out, "sweep", argv)
+    try:
+        results = CASES[args.case](args, line)
+    except ValueError as e:
+        print(f"sweep: {e}", file=sys.stderr)
+        return 2
+    for entry in results.data["cases"]:
+        print(f"best {json.dumps(entry['case'])}: {entry['best']}")
+    print(f"wrote {results.path}")
+    return 0
+
