@@ -51,7 +51,8 @@ def test_http_check_reports_knobs_that_are_on(server_on, server_pristine):
 
 
 def test_a_patch_leaking_with_its_knob_off_is_caught(tmp_path, server_pristine, tiny_model):
-    """The knob-off check can fail: a copy of the series whose SSE patch ignores its knob."""
+    """The knob-off check can fail: a copy of the series whose SSE module (0020's overlay code)
+    ignores its knob."""
     import shutil
 
     from patchbay import ROOT
@@ -60,10 +61,11 @@ def test_a_patch_leaking_with_its_knob_off_is_caught(tmp_path, server_pristine, 
     from .conftest import Server
 
     shutil.copytree(ROOT / "patches", tmp_path / "patches")
-    sse = tmp_path / "patches" / "0020-sse-done.patch"
-    gate = '+    if not knobs.get("PB_SSE_DONE"):\n'
+    shutil.copytree(ROOT / "engine", tmp_path / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    sse = tmp_path / "engine" / "_pb" / "api" / "sse.py"
+    gate = '    if not knobs.get("PB_SSE_DONE"):\n'
     assert sse.read_text().count(gate) == 1
-    sse.write_text(sse.read_text().replace(gate, '+    if not knobs.get("PB_SSE_DONE") and False:\n'))
+    sse.write_text(sse.read_text().replace(gate, '    if not knobs.get("PB_SSE_DONE") and False:\n'))
     leaky_series, problems = series.load(tmp_path / "patches")
     assert not problems
     leaky = Server(build.build(leaky_series, progress=lambda *_: None), tiny_model, {}, tmp_path / "run")

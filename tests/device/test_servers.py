@@ -28,3 +28,10 @@ def test_start_ranks_serves_a_checkpoint_tensor_parallel(patched_engine, tiny_mo
         for proc in procs:
             servers.stop_server(proc)
     assert all(proc.poll() is not None for proc in procs)
+
+
+def test_an_arms_engine_replaces_the_carried_ones_on_the_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/tmp/pb-engine-patched:/tmp/pb-site:/repo/src")
+    assert servers.engine_path("/tmp/before") == "/tmp/before:/tmp/pb-site:/repo/src"
+    monkeypatch.delenv("PYTHONPATH")
+    assert servers.engine_path("/tmp/before") == "/tmp/before"

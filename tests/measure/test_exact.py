@@ -20,6 +20,7 @@ Status: opt-in
 Exactness: same-bits
 Gain: none measured
 Depends: none
+Modules: none
 Upstream-Status: Inappropriate [test fixture]
 Last-Update: 2026-11-29
 ---

@@ -89,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--model-dir", help="serve this checkpoint (`patchbay synth air12 DIR`) instead of air12 in "
                    "memory: with --a-env/--b-env as --a-tp / --b-tp ranks, alone as one server of --a-tp ranks "
                    "with the production knobs (ab's arms then per-request knobs, or --b-url to itself)")
+    b.add_argument("--a-engine", metavar="DIR", help="with --a-env/--b-env: arm A's engine is the transformers "
+                   "installed in DIR (another build), first on its PYTHONPATH")
+    b.add_argument("--b-engine", metavar="DIR", help="the same for arm B")
     b.add_argument("--a-tp", type=int, default=1)
     b.add_argument("--b-tp", type=int, default=1)
     b.add_argument("--score", metavar="DIR", help="with --a-env/--b-env: then teacher-forced |Δ logprob| through "
@@ -150,7 +153,8 @@ def main(argv: list[str]) -> int:
                 raise SystemExit("--a-tp/--b-tp need --model-dir: tensor-parallel ranks load a checkpoint")
             return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args,
                                 args.model_dir, (args.a_tp, args.b_tp),
-                                score=Path(args.score) if args.score else None)
+                                score=Path(args.score) if args.score else None,
+                                engines=(args.a_engine, args.b_engine))
         if args.model_dir:  # one server of the checkpoint; ab's arms are per-request knobs (or --b-url)
             return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks,
                                  Path(args.logs), ab_args)

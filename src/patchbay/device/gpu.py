@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..runtime.config import ConfigError, knob_set
-from .servers import AIR12, start_serving, with_server, with_servers
+from .servers import AIR12, engine_path, start_serving, with_server, with_servers
 
 # What the device image lacks for `transformers serve` (its torch, numpy, tokenizers, safetensors,
 # huggingface_hub, httpx and typer do), pinned like pyproject.toml's engine extra.
@@ -50,7 +50,8 @@ def gather_wheels(dest: Path, engine_wheels: list[Path]) -> list[Path]:
 
 def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int, logs: Path,
                  ab_args: list[str], model_dir: str | None = None, tps: tuple[int, int] = (1, 1),
-                 device: str = "cuda", score: Path | None = None) -> int:
+                 device: str = "cuda", score: Path | None = None,
+                 engines: tuple[str | None, str | None] = (None, None)) -> int:
     """`patchbay ab` between two servers side by side, for settings read at start: A on `port`
     with envs[0], B on port + 1 with envs[1], each with a fixed KV pool. Without `model_dir`
     each is air12 built in memory from the same seed on GPU 0 (two 54 GB models and their pools
@@ -58,14 +59,18 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
     on GPU r). The passes alternate A B A B as for per-request knobs, one server busy at a time.
     With `score`, the exactness prompts' greedy replies are then compared (`patchbay exact
     --b-url`, 64 tokens) and the reference texts forced through both servers (`patchbay score
-    --url`, both need PB_FORCED_DECODING=1); the rows and |Δ logprob| tables land there as JSON."""
+    --url`, both need PB_FORCED_DECODING=1); the rows and |Δ logprob| tables land there as JSON.
+    `engines` puts another engine folder first on an arm's PYTHONPATH (two builds, one knob set:
+    with --score, whether a change of the engine's code kept its bits)."""
     from ..measure.verbs import run
 
     logs.mkdir(parents=True, exist_ok=True)
 
     def job(procs: list) -> int:
-        for n, (arm, env, tp) in enumerate(zip("AB", envs, tps)):
-            print(f"arm {arm}: TP={tp}, {json.dumps(env) if env else 'no PB_* variables'}", flush=True)
+        for n, (arm, env, tp, engine) in enumerate(zip("AB", envs, tps, engines)):
+            print(f"arm {arm}: TP={tp}, {json.dumps(env) if env else 'no PB_* variables'}"
+                  + (f", engine {engine}" if engine else ""), flush=True)
+            env = {**env, "PYTHONPATH": engine_path(engine)} if engine else env
             procs += start_serving(model_dir, tp, port + n, env, logs / f"server-{arm}", cuda_graphs, num_blocks,
                                    device, rdzv_port=29600 + n)
         a_url, b_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
@@ -129,11 +134,10 @@ def exact_job(out: Path) -> int:
     with every knob unset (each engine first on PYTHONPATH, as scripts/gpu-run.sh installs them)."""
     from ..measure import exact
 
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(":") if "pb-engine-" not in p]
     transcripts = {}
     for n, engine in enumerate(("upstream", "patched")):
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("PB_")},
-               "PYTHONPATH": ":".join([f"/tmp/pb-engine-{engine}", *rest])}
+               "PYTHONPATH": engine_path(f"/tmp/pb-engine-{engine}")}
 
         def job(url, engine=engine):
             transcripts[engine] = exact.http_transcript(url, AIR12)

@@ -160,6 +160,13 @@ def start_ranks(model_dir: str, tp: int, port: int, env: dict, log_dir: Path, de
     return procs
 
 
+def engine_path(site: str) -> str:
+    """This process's PYTHONPATH with `site` as the engine: the engines scripts/gpu-run.sh installs
+    (/tmp/pb-engine-*) left out, `site` first (another build's install folder, say)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "pb-engine-" not in p]
+    return os.pathsep.join([site, *rest])
+
+
 def start_serving(model_dir: str | None, tp: int, port: int, env: dict, logs: Path, cuda_graphs: bool,
                   num_blocks: int, device: str = "cuda", rdzv_port: int = 29600,
                   profile_dir: Path | None = None) -> list:
