@@ -71,3 +71,12 @@ def test_a_docker_config_with_a_bad_node_is_exit_2_in_one_line(tmp_path):
     cfg.write_text("RUNTIME=docker\nTP=2\nWORKER=gpu-node-2\nPB_TENSOR_PARALLEL=1\n")
     proc = patchbay("preflight", "--config", str(cfg))
     assert_one_line_error(proc, 2, "WORKER=gpu-node-2 is not a node (allowed: local, ssh://user@host")
+
+
+def test_the_rebase_report_in_docs_is_current():
+    """docs/REBASE-5.24.0.md is regenerated like PATCHES.md (the next release's sdist, sha256-recorded,
+    is fetched through pip the first time)."""
+    proc = patchbay("rebase", "--to", "5.24.0", "--out", "docs/REBASE-5.24.0.md", "--check", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "is up to date" in proc.stdout
+    assert patchbay("rebase", "--to", "5.24.0", "--check").returncode == 2

@@ -86,25 +86,28 @@ def cmd_build(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    from .series.knobs import render_patches_md
+    from .runtime.config import knob_set
+    from .series.knobs import render_knob_set_md, render_patches_md, with_block
 
-    return generated(DOCS_PATCHES, render_patches_md(_series()), args.check, "python -m patchbay docs")
+    loaded = _series()
+    readme = ROOT / "README.md"
+    prod = with_block(readme.read_text(), "prod", render_knob_set_md("prod", knob_set("prod"), loaded))
+    return (generated(DOCS_PATCHES, render_patches_md(loaded), args.check, "python -m patchbay docs")
+            | generated(readme, prod, args.check, "python -m patchbay docs"))
 
 
 def cmd_rebase(args) -> int:
     from .series import rebase, upstream
 
+    if args.check and not args.out:
+        raise Fail("rebase --check needs --out: the report to compare with", code=2)
     lock = _lock()
     outcomes, sha = rebase.rebase(_series(), lock, upstream.ensure(lock), args.to,
                                   sdist=Path(args.sdist) if args.sdist else None)
     text = rebase.report(lock, args.to, sha, outcomes)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        print(f"wrote {out}")
-    else:
-        print(text, end="")
+        return generated(Path(args.out), text, args.check, f"python -m patchbay rebase --to {args.to} --out {args.out}")
+    print(text, end="")
     return 0
 
 
@@ -202,12 +205,14 @@ def parser() -> argparse.ArgumentParser:
     bi = verb("base-image", cmd_base_image,
               "build the offline base image (debootstrap, the host's apt mirror, the host's torch wheel)")
     bi.add_argument("--mirror", help="Debian mirror URL (default: the host's own, from /etc/apt)")
-    d = verb("docs", cmd_docs, "regenerate docs/PATCHES.md from the patch headers")
+    d = verb("docs", cmd_docs, "regenerate docs/PATCHES.md from the patch headers and README's production "
+                              "knob table from config/knob-sets.toml")
     d.add_argument("--check", action="store_true", help="only report whether it is stale")
     r = verb("rebase", cmd_rebase, "report how the series applies to another upstream release")
     r.add_argument("--to", required=True, metavar="VERSION")
     r.add_argument("--sdist", help="use this sdist instead of downloading VERSION's")
     r.add_argument("--out", help="write the Markdown report here (default: print it)")
+    r.add_argument("--check", action="store_true", help="with --out: only report whether that report is stale")
     s = verb("synth", cmd_synth, "write a seeded synthetic checkpoint")
     s.add_argument("kind", choices=["tiny", "air12", "air24"])
     s.add_argument("dir")

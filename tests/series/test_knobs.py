@@ -136,3 +136,15 @@ def test_patches_md_is_up_to_date():
 def test_a_value_listed_twice_is_refused():
     with pytest.raises(KnobError, match="lists a value twice"):
         parse_declaration("PB_X type=enum values=a,b,a default=a")
+
+
+def test_a_knob_set_table_replaces_its_block_and_a_missing_block_is_named(real_series):
+    from patchbay.runtime.config import knob_set
+
+    table = knobs.render_knob_set_md("prod", knob_set("prod"), real_series)
+    assert "| `PB_FUSED_MOE=1` | [0220-fused-moe](docs/PATCHES.md#0220-fused-moe) | adopted |" in table
+    start, end = knobs.BLOCK_START.format(name="prod"), knobs.BLOCK_END.format(name="prod")
+    text = f"before\n{start}\nold rows\n{end}\nafter\n"
+    assert knobs.with_block(text, "prod", table) == f"before\n{table}\nafter\n"
+    with pytest.raises(knobs.KnobError, match="no generated block for knob set prod"):
+        knobs.with_block("no markers here", "prod", table)
