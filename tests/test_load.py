@@ -6,9 +6,9 @@ import json
 import pytest
 
 from .conftest import engine_code
-from patchbay.series import series
+from patchbay.series.overlay import OVERLAY_DIR
 
-PB = series.OVERLAY_DIR / "_pb"
+PB = OVERLAY_DIR / "_pb"
 # the engine's modules by name (kernel modules share their op's name and hold no hooks)
 MODULES = {p.stem: p for p in PB.rglob("*.py") if "kernels" not in p.parts}
 
@@ -53,7 +53,7 @@ def test_only_the_infrastructure_patch_hooks_the_model_manager(real_series):
                      "_pb_load.after(model)"]
     # the patch that brings a module with a load step also names load.py, where it adds the step
     for module in {m for names in _lists().values() for m in names}:
-        rel = str(MODULES[module].relative_to(series.OVERLAY_DIR))
+        rel = str(MODULES[module].relative_to(OVERLAY_DIR))
         bringer = next(p for p in real_series.patches if rel in p.modules)
         assert "_pb/load.py" in bringer.modules, (module, bringer.name)
 

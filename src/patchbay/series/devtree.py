@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .. import ROOT
 from .gitutil import git
-from .series import (GENERATED, Problem, Series, SeriesError, copy_overlay, overlay_files, scratch_copy, split_patch,
+from .overlay import GENERATED, copy_overlay, overlay_files
+from .series import (Problem, Series, SeriesError, scratch_copy, split_patch,
                      try_apply)
 
 DEV_DIR = ROOT / "build" / "dev"

@@ -21,13 +21,11 @@ from pathlib import Path
 from .. import ROOT
 from .gitutil import git
 from .knobs import Knob, KnobError, parse_declaration
+from .overlay import copy_overlay, overlay_files
 
 SERIES_DIR = ROOT / "patches"
-OVERLAY_DIR = ROOT / "engine"
 FIELDS = ("Description", "Knob", "Per-Request", "Status", "Exactness", "Gain", "Depends",
           "Modules", "Upstream-Status", "Last-Update")
-# Generated into the overlay's place at build, never tracked.
-GENERATED = ("_pb/build_info.py",)
 STATUSES = ("infrastructure", "adopted", "opt-in", "rejected")
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
 FILE_RE = re.compile(r"^(\d{4})-([a-z0-9][a-z0-9-]*)\.patch$")
@@ -72,24 +70,6 @@ class Patch:
 
     def files(self) -> list[str]:
         return [m.group(1) for m in re.finditer(r"^diff --git a/(\S+) b/", self.diff, re.M)]
-
-
-def overlay_files(overlay: Path) -> list[str]:
-    """The overlay's files, relative to it, sorted; caches and generated files left out."""
-    if not overlay.is_dir():
-        return []
-    return sorted(str(f.relative_to(overlay)) for f in overlay.rglob("*")
-                  if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
-                  and str(f.relative_to(overlay)) not in GENERATED)
-
-
-def copy_overlay(overlay: Path, target: Path) -> list[str]:
-    """Mirror the overlay's files into target (the package folder of a patched tree)."""
-    files = overlay_files(overlay)
-    for rel in files:
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(overlay / rel, target / rel)
-    return files
 
 
 @dataclass
