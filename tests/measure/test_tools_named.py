@@ -1,4 +1,4 @@
-"""The measurement tools AGENTS.md names exist and import on a CPU."""
+"""The measurement tools docs/MEASURING.md names exist and import on a CPU."""
 
 import importlib
 import re
@@ -6,8 +6,8 @@ import re
 from patchbay import ROOT
 
 
-def test_every_measurement_tool_agents_md_names_exists_and_imports_without_a_gpu():
-    text = (ROOT / "AGENTS.md").read_text()
+def test_every_measurement_tool_the_docs_name_exists_and_imports_without_a_gpu():
+    text = (ROOT / "docs" / "MEASURING.md").read_text()
     named = set(re.findall(r"patchbay\.measure\.tools\.(\w+)", text))
     assert {"timing_hook", "stall_hook", "loop_hook", "timeline", "stalls", "client", "sweep"} <= named
     for name in named:
