@@ -31,7 +31,7 @@ def _commit(tree: Path, message: str) -> None:
 
 
 def _try(patch: Patch, tree: Path) -> Outcome:
-    if not patch.diff.strip():
+    if not patch.has_hooks:
         return Outcome(patch.name, "clean", "no hooks: all of it is overlay code (engine/)")
     args = ["apply", "--whitespace=nowarn", "-p1"]
     if git([*args, "--check", "-R", "-"], tree, check=False, input=patch.diff).returncode == 0:

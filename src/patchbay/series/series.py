@@ -68,6 +68,11 @@ class Patch:
     def status(self) -> str:
         return self.fields.get("Status", "")
 
+    @property
+    def has_hooks(self) -> bool:
+        """Whether the patch changes upstream's files (a patch of engine code alone does not)."""
+        return bool(self.diff.strip())
+
     def files(self) -> list[str]:
         return [m.group(1) for m in re.finditer(r"^diff --git a/(\S+) b/", self.diff, re.M)]
 
@@ -341,7 +346,7 @@ def try_apply(patch: Patch, tree: Path) -> tuple[str, str]:
     """Apply one patch onto tree. Returns (outcome, detail) with outcome one of
     'applied', 'already-upstream', 'failed'. Nothing is written unless it applies.
     A patch whose change is all in the overlay has no hooks to apply."""
-    if not patch.diff.strip():
+    if not patch.has_hooks:
         return "applied", ""
     args = ["apply", "--whitespace=nowarn", "-p1"]
     reverse = git([*args, "--check", "-R", "-"], tree, check=False, input=patch.diff)
