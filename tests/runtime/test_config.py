@@ -15,6 +15,7 @@ GOOD = """\
 
 MODEL=synthetic:tiny
 HOST=0.0.0.0
+ALLOW_UNAUTHENTICATED=1
 PORT=8123
 CONTINUOUS_BATCHING=0
 SYNTH_SEED=7
@@ -232,3 +233,19 @@ def test_a_base_and_unset_resolve(tmp_path):
     path = tmp_path / "knob-sets.toml"
     path.write_text('[a]\nPB_X = "1"\nPB_Y = "2"\n[b]\nbase = "a"\nunset = ["PB_X"]\nPB_Z = "3"\n')
     assert config.knob_sets(path) == {"a": {"PB_X": "1", "PB_Y": "2"}, "b": {"PB_Y": "2", "PB_Z": "3"}}
+
+
+def test_a_reachable_host_needs_a_key_or_an_explicit_yes(tmp_path):
+    message = one_line_error(write(tmp_path, "HOST=0.0.0.0\n"))
+    assert "HOST=0.0.0.0 is reachable from other machines" in message and "API_KEY_FILE" in message
+    assert config.load(write(tmp_path, "HOST=127.0.0.1\n"), environ={}).loopback
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    cfg = config.load(write(tmp_path, f"HOST=0.0.0.0\nPB_AUTH=1\nAPI_KEY_FILE={key}\n"), environ={})
+    assert cfg.auth_headers() == {"Authorization": "Bearer s3cret"}
+    assert cfg.engine_auth_env() == {"API_KEY_FILE": str(key)}
+
+
+def test_a_key_file_needs_the_auth_knob_and_an_absolute_path(tmp_path):
+    assert "API_KEY_FILE needs PB_AUTH=1" in one_line_error(write(tmp_path, "API_KEY_FILE=/etc/key\n"))
+    assert "must be an absolute path" in one_line_error(write(tmp_path, "PB_AUTH=1\nADMIN_KEY_FILE=key\n"))

@@ -58,6 +58,12 @@ class Config:
     pair: str = "patchbay"  # container names: <PAIR>-rank0, <PAIR>-rank1
     base_image: str = ""  # empty: the offline base `patchbay base-image` makes
     extra_ca_bundle: str = ""  # PEM file added to the image's CA bundle (TLS-intercepting proxies)
+    # PB_AUTH=1: the bearer key clients must send, as a file holding it (first line), on the head;
+    # the admin routes' key likewise (empty: /load_model and /reset answer 404). A HOST other
+    # than loopback needs a key unless ALLOW_UNAUTHENTICATED=1.
+    api_key_file: str = ""
+    admin_key_file: str = ""
+    allow_unauthenticated: bool = False
     knob_set: str = ""  # KNOBS: the named set the knobs start from (config/knob-sets.toml); empty: none
     knobs: dict = field(default_factory=dict)  # PB_* name -> raw value: the set's, then the file's PB_* lines
     source: str = "defaults"
@@ -105,6 +111,16 @@ class Config:
             raise ConfigError(f"{where}: PB_TENSOR_PARALLEL=1 needs TP=2 or more (or unset the knob)")
         if self.tp > 1 and not self.continuous_batching:
             raise ConfigError(f"{where}: TP={self.tp} needs CONTINUOUS_BATCHING=1 (ranks > 0 follow rank 0's batches)")
+        auth_knob = self.knobs.get("PB_AUTH", "0") == "1"
+        for key, value in (("API_KEY_FILE", self.api_key_file), ("ADMIN_KEY_FILE", self.admin_key_file)):
+            if value and not auth_knob:
+                raise ConfigError(f"{where}: {key} needs PB_AUTH=1 (the engine's key check), or remove the line")
+            if value and not value.startswith("/"):
+                raise ConfigError(f"{where}: {key}={value} must be an absolute path")
+        if not self.loopback and not self.api_key_file and not self.allow_unauthenticated:
+            raise ConfigError(f"{where}: HOST={self.host} is reachable from other machines but no key is set: set "
+                              "API_KEY_FILE=/path/to/key (with PB_AUTH=1), or ALLOW_UNAUTHENTICATED=1 to serve "
+                              "without one")
         if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
             raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
                               "folder (an absolute path, or one starting with ./)")
@@ -116,6 +132,34 @@ class Config:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        return self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+
+    def api_key(self) -> str | None:
+        """The bearer key clients send (None: no key), read from API_KEY_FILE."""
+        if not self.api_key_file:
+            return None
+        try:
+            key = Path(self.api_key_file).read_text().splitlines()[0].strip()
+        except (OSError, IndexError):
+            raise ConfigError(f"{self.source}: API_KEY_FILE={self.api_key_file} cannot be read or is empty") from None
+        return key or None
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers patchbay's own probes send (health, the first streamed token)."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def engine_auth_env(self) -> dict[str, str]:
+        """What the HTTP rank's environment gets for PB_AUTH: the key files' paths."""
+        env = {}
+        if self.api_key_file:
+            env["API_KEY_FILE"] = self.api_key_file
+        if self.admin_key_file:
+            env["ADMIN_KEY_FILE"] = self.admin_key_file
+        return env
 
     @property
     def world_size(self) -> int:

@@ -129,13 +129,14 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def first_streamed_token(url: str, model: str, timeout: float = 10.0) -> bool:
+def first_streamed_token(url: str, model: str, timeout: float = 10.0, headers: dict | None = None) -> bool:
     """True once a streamed chat completion yields a first content token."""
     # No sampling fields: upstream's continuous batching fixes its sampling settings from
     # the first request it sees, and this probe must not choose them for the operator.
     body = {"model": model, "messages": [{"role": "user", "content": "ready?"}], "stream": True, "max_tokens": 1}
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout,
+                          headers=headers) as r:
             if r.status_code != 200:
                 return False
             for line in r.iter_lines():
@@ -180,7 +181,8 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progres
     procs = []
     for rank in range(cfg.tp):
         with files.rank_log(rank).open("w") as log:
-            env = {**engine_env(engine, cfg.knobs), **rank_env(cfg, rank)}
+            env = {**engine_env(engine, cfg.knobs), **rank_env(cfg, rank),
+                   **(cfg.engine_auth_env() if rank == 0 else {})}  # rank 0 serves HTTP
             proc = subprocess.Popen(engine_command(cfg, model_path), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=files.dir)
         files.rank_pid(rank).write_text(f"{proc.pid}\n")
@@ -198,7 +200,7 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progres
             also = "" if cfg.tp == 1 else "; every rank was stopped"
             raise LaunchError(f"{what} exited with code {exited[0][1]} before it was ready{also}; "
                               f"last log lines:\n{_tails(files, cfg.tp)}")
-        if first_streamed_token(cfg.url, model_path):
+        if first_streamed_token(cfg.url, model_path, headers=cfg.auth_headers()):
             return {**info, "pid": procs[0].pid, "ranks": {r: {"pid": p.pid, "alive": True} for r, p in enumerate(procs)}}
         time.sleep(1.0)
     stop(files)

@@ -132,6 +132,9 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
     started = int(time.time())
     info = {"url": cfg.url, "build_id": build_id, "model": model_path, "knobs": dict(sorted(rank_knobs(cfg).items())),
             "config": cfg.source, "world_size": cfg.world_size, "started": started}
+    # PB_AUTH: the key files, read-only at the same paths inside rank 0's container (it serves HTTP).
+    auth_env = cfg.engine_auth_env()
+    key_mounts = [docker.types.Mount(path, path, type="bind", read_only=True) for path in auth_env.values()]
     for r in rs:
         kwargs = {}
         if cfg.gpus_per_node:
@@ -141,8 +144,9 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
                 tag, rank_command(cfg, model_path), name=container_name(cfg, r.node.rank), detach=True,
                 network_mode="host", ipc_mode="host",
                 environment={**rank_env(cfg, r.node.rank, (ifnames or {}).get(r.node.role, "")),
-                             "TRITON_CACHE_DIR": KERNEL_CACHE_DIR},
-                mounts=[model_mount(model_path), docker.types.Mount(KERNEL_CACHE_DIR, KERNEL_CACHE_VOLUME, type="volume")],
+                             "TRITON_CACHE_DIR": KERNEL_CACHE_DIR, **(auth_env if r.node.rank == 0 else {})},
+                mounts=[model_mount(model_path), docker.types.Mount(KERNEL_CACHE_DIR, KERNEL_CACHE_VOLUME, type="volume"),
+                        *(key_mounts if r.node.rank == 0 else [])],
                 labels={f"{LABEL}.pair": cfg.pair, f"{LABEL}.rank": str(r.node.rank),
                         f"{LABEL}.info": json.dumps(info), f"{LABEL}.config-text": config_text},
                 **kwargs)
@@ -159,7 +163,7 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
                 _remove(rs)
                 raise LaunchError(f"rank {r.node.rank} on the {r.node.role} exited before the pair was ready "
                                   f"({state}); both removed; last log lines:\n{logs}")
-        if first_streamed_token(cfg.url, model_path):
+        if first_streamed_token(cfg.url, model_path, headers=cfg.auth_headers()):
             return info
         time.sleep(1.0)
     logs = "\n".join(f"  rank {x.node.rank} ({x.node.role}):\n{tail(x.container)}" for x in rs)
