@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 
-from . import fingerprint, forced, glm_parser, grammar, usage
+from . import errors, fingerprint, forced, glm_parser, grammar, limits, usage
 from ..runtime import graphs, sampler
 from .. import knobs
 
@@ -331,8 +331,10 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
             eos = gen_config.eos_token_id
             spec.forced_end = eos[0] if isinstance(eos, (list, tuple)) else eos
             spec.logprobs = spec.logprobs or asked
-    constraint = grammar.constraint_for(body, _fields.get() or {}, tokenizer, model, gen_config, input_ids)
-    tool_constraint = grammar.tool_constraint(body, tokenizer, model, gen_config, input_ids)
+    # Grammar compiles are CPU work: off the event loop when PB_PREP_THREAD is on.
+    constraint = await limits.prepare(grammar.constraint_for, body, _fields.get() or {}, tokenizer, model,
+                                      gen_config, input_ids)
+    tool_constraint = await limits.prepare(grammar.tool_constraint, body, tokenizer, model, gen_config, input_ids)
     if constraint is not None and tool_constraint is not None:
         raise _bad("a structured-output constraint and an enforced tool_choice cannot be combined",
                    "tool_choice", "unsupported_combination")
@@ -341,6 +343,7 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
         spec = spec or sampler.Spec()
         spec.mask = constraint
     gen_manager._check_alive(request_id)
+    errors.check_inputs(model, inputs, gen_config)
     cb = gen_manager._cb
     # Resolved when the manager was created (the batch processor may not exist yet).
     if spec is not None and any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on():

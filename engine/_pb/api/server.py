@@ -12,7 +12,8 @@ from . import fingerprint
 from .. import knobs
 
 
-def install(app, model_manager, chat_handler, completion_handler) -> None:
+def install(app, model_manager, chat_handler, completion_handler, response_handler=None,
+            generation_state=None) -> None:
     if knobs.get("PB_TENSOR_PARALLEL"):
         from ..runtime import tp
 
@@ -24,6 +25,17 @@ def install(app, model_manager, chat_handler, completion_handler) -> None:
     async def _pb_request_error(_request: Request, exc: knobs.PBRequestError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    if knobs.get("PB_API_ERRORS"):
+        from . import errors, requests
+
+        errors.install(app)
+        requests.install(app, {"chat": chat_handler, "completion": completion_handler,
+                               "response": response_handler})
+    if knobs.get("PB_FAULT_ISOLATION") and generation_state is not None:
+        from ..runtime import faults
+
+        faults.watch(generation_state)
+    _outermost(app)
     if knobs.get("PB_MODELS_INFO"):
         from . import models
 
@@ -36,3 +48,30 @@ def install(app, model_manager, chat_handler, completion_handler) -> None:
         from . import tokenize
 
         tokenize.install(app, chat_handler)
+
+
+def _outermost(app) -> None:
+    """Wrap the whole middleware stack (upstream's included, which registers after this) in
+    the connection-level guards whose knobs are on: from the outside in, the key, the body
+    limit, disconnects."""
+    from . import auth, disconnect, limits
+
+    guards = []
+    if knobs.get("PB_DISCONNECT"):
+        guards.append(disconnect.Middleware)
+    if knobs.get("PB_MAX_BODY_MB"):
+        limit = limits.limit_bytes()
+        guards.append(lambda inner: limits.BodyLimit(inner, limit))
+    if knobs.get("PB_AUTH"):
+        guards.append(auth.guard())  # outermost: nothing is read before the key is checked
+    if not guards:
+        return
+    build = app.build_middleware_stack
+
+    def build_guarded():
+        stack = build()
+        for guard in guards:
+            stack = guard(stack)
+        return stack
+
+    app.build_middleware_stack = build_guarded

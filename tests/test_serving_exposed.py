@@ -1,0 +1,231 @@
+"""Serving exposed (0500-0550): what a client sends never stops the engine or reaches past the API.
+
+Against the real engine on the tiny model: client mistakes answered 4xx in the OpenAI error
+shape, typed schemas in /openapi.json, a faulting batching step failing only its own requests,
+a dead worker exiting the server, oversized bodies refused, templates off the event loop,
+the bearer key and the admin routes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import ALL_ON, Server, engine_code
+
+USER = [{"role": "user", "content": "Say something about the sea."}]
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+
+
+def chat(**extra) -> dict:
+    return {"messages": USER, "max_tokens": 4, **extra}
+
+
+# (path, body, status, param or None, code); a str body is sent as it is.
+MISTAKES = [
+    (CHAT, chat(temperature="hot"), 400, "temperature", "invalid_value"),
+    (CHAT, chat(seed="abc"), 400, "seed", "invalid_value"),
+    (CHAT, chat(seed=2**70), 400, "seed", "invalid_value"),
+    (CHAT, chat(tools=5), 400, "tools", "invalid_value"),
+    (CHAT, chat(logit_bias=[1, 2]), 400, "logit_bias", "invalid_value"),
+    (CHAT, chat(stream="yes"), 400, "stream", "invalid_value"),
+    (CHAT, chat(max_tokens=1.5), 400, "max_tokens", "invalid_value"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content", "invalid_value"),
+    (CHAT, {"messages": []}, 400, "messages", "invalid_value"),
+    (CHAT, {"model": "m"}, 400, "messages", "missing_field"),
+    (CHAT, chat(surprise=1), 400, None, "unknown_field"),
+    (CHAT, "{not json", 400, None, "invalid_json"),
+    (CHAT, "[1, 2]", 400, None, "invalid_body"),
+    (COMPLETIONS, {}, 400, "prompt", "empty_prompt"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty_prompt"),
+    (COMPLETIONS, {"prompt": 5}, 400, "prompt", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": [1]}, 400, "temperature", "invalid_value"),
+    (RESPONSES, {}, 400, "input", "missing_field"),
+    (RESPONSES, {"input": ""}, 400, "input", "invalid_value"),
+    (RESPONSES, {"input": "hi", "max_output_tokens": -3}, 400, "max_output_tokens", "invalid_value"),
+    ("/v1/nothing-here", {}, 404, None, "not_found"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,code", MISTAKES,
+                         ids=[f"{m[0]}-{m[4]}-{m[3]}" for m in MISTAKES])
+def test_client_mistakes_are_4xx_in_the_openai_shape(server_on, path, body, status, param, code):
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(f"{server_on.url}{path}", content=content, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert (error["param"], error["code"]) == (param, code), error
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert "Traceback" not in r.text and "/work" not in error["message"]
+    if param:
+        assert param.split("[")[0] in error["message"]
+
+
+def test_after_every_mistake_the_engine_still_serves(server_on):
+    for path, body, *_ in MISTAKES:
+        httpx.post(f"{server_on.url}{path}", content=body if isinstance(body, str) else json.dumps(body),
+                   headers={"content-type": "application/json"}, timeout=60)
+    health = httpx.get(f"{server_on.url}/health", timeout=10)
+    assert health.status_code == 200, health.text
+    r = httpx.post(f"{server_on.url}{COMPLETIONS}", json={"prompt": "The sea", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+
+
+def test_a_wrong_method_is_a_405_in_the_openai_shape(server_on):
+    r = httpx.delete(f"{server_on.url}/v1/models", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
+
+
+def test_openapi_documents_the_request_schemas(server_on):
+    doc = httpx.get(f"{server_on.url}/openapi.json", timeout=10).json()
+    schemas = doc["components"]["schemas"]
+    chat_schema = schemas["ChatCompletionRequest"]
+    assert "messages" in chat_schema["required"]
+    assert {"temperature", "seed", "tools", "response_format"} <= set(chat_schema["properties"])
+    assert "input" in schemas["ResponsesRequest"]["required"]
+    body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(server_on):
+    limit = int(ALL_ON["PB_MAX_BODY_MB"]) * 1024 * 1024
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * (limit + 1024)}]})
+    r = httpx.post(f"{server_on.url}{CHAT}", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"]["code"] == "request_too_large" and "PB_MAX_BODY_MB" in r.json()["error"]["message"]
+    assert httpx.get(f"{server_on.url}/health", timeout=10).status_code == 200
+
+
+def _health_during_big_prompt(url: str) -> tuple[float, float]:
+    """(when /health answered, when the big request finished), seconds after the health probe
+    was sent; the probe goes out once the big body has been sent and its template is running."""
+    body = json.dumps({"messages": [{"role": "user", "content": "sea " * 1_500_000}], "max_tokens": 2})
+    done: dict = {}
+
+    def big():
+        r = httpx.post(f"{url}{CHAT}", content=body, headers={"content-type": "application/json"}, timeout=300)
+        done["status"], done["at"] = r.status_code, time.monotonic()
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    time.sleep(1.5)
+    sent = time.monotonic()
+    r = httpx.get(f"{url}/health", timeout=300)
+    answered = time.monotonic()
+    thread.join()
+    assert r.status_code == 200 and done["status"] == 400  # the prompt is longer than the context
+    return answered - sent, done["at"] - sent
+
+
+def test_the_template_runs_off_the_event_loop(server_on):
+    health_s, big_s = _health_during_big_prompt(server_on.url)
+    # The big prompt's tokenizing takes seconds; /health is answered while it runs.
+    assert big_s > 1.0, f"the big request finished too soon ({big_s:.2f} s) to tell"
+    assert health_s < big_s / 2, (health_s, big_s)
+
+
+@pytest.fixture(scope="module")
+def fault_server(patched_engine, tiny_model, tmp_path_factory):
+    """Production's knobs but 0500's input check: an empty prompt reaches the batching loop and
+    faults its step, the one fault a client can still cause upstream."""
+    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_API_ERRORS": "0"}, tmp_path_factory.mktemp("run-fault"))
+    yield server
+    server.stop()
+
+
+def test_a_faulting_step_fails_its_own_request_and_the_others_carry_on(fault_server):
+    # An empty prompt alone in a step makes upstream's attention reshape zero elements: the
+    # step raises. Upstream's worker dies there (every later request a 503); here that request
+    # fails and the loop goes on.
+    url = fault_server.url
+    r = httpx.post(f"{url}{COMPLETIONS}", json={"prompt": ""}, timeout=60)
+    assert r.status_code == 500, r.text  # a real fault now (0500, off here, would have refused it)
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    replies = [httpx.post(f"{url}{CHAT}", json={"messages": [{"role": "user", "content": f"Story {i}."}],
+                                                "max_tokens": 20}, timeout=60) for i in range(3)]
+    assert [(x.status_code, x.json()["usage"]["completion_tokens"]) for x in replies] == [(200, 20)] * 3
+    log = fault_server.files.log.read_text()
+    assert "batching loop: a step failed (RuntimeError: cannot reshape tensor of 0 elements" in log
+    assert "failed its 1 request(s)" in log
+
+
+def test_a_dead_worker_exits_the_server_for_its_supervisor(patched_engine):
+    # The watcher against upstream's real generation state, its CB manager holding a worker
+    # that recorded a fatal error (as upstream's loop does when it stops).
+    code = """
+import time, types
+from transformers.cli.serving.utils import GenerationState
+from transformers._pb.runtime import faults
+state = GenerationState(continuous_batching=True)
+manager = state.get_manager("m", use_cb=True)
+manager._cb = types.SimpleNamespace(background_thread_status=types.SimpleNamespace(fatal_error=RuntimeError("boom")))
+assert not state.is_cb_alive()
+faults.watch(state)
+time.sleep(10)
+print("still alive")
+"""
+    proc = engine_code(code, patched_engine, timeout=60, PB_FAULT_ISOLATION="1")
+    assert proc.returncode == 70, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "the batching worker died (RuntimeError: boom); exiting with code 70" in proc.stderr
+    off = engine_code(code.replace("time.sleep(10)", "time.sleep(2)"), patched_engine, timeout=60)
+    assert off.returncode == 0 and "still alive" in off.stdout, off.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def keyed_server(patched_engine, tiny_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run-keyed")
+    (folder / "api-key").write_text("client-key-1\n")
+    (folder / "admin-key").write_text("admin-key-1\n")
+    server = Server(patched_engine, tiny_model, ALL_ON, folder, api_key_file=str(folder / "api-key"),
+                    admin_key_file=str(folder / "admin-key"))
+    yield server
+    server.stop()
+
+
+def test_the_key_guards_every_route(keyed_server):
+    url = keyed_server.url
+    for method, path in (("GET", "/health"), ("GET", "/v1/models"), ("GET", "/openapi.json"), ("POST", CHAT),
+                         ("POST", COMPLETIONS), ("POST", RESPONSES), ("POST", "/load_model")):
+        r = httpx.request(method, f"{url}{path}", json={}, timeout=30)
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+    wrong = httpx.get(f"{url}/health", headers={"Authorization": "Bearer client-key-2"}, timeout=10)
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "invalid API key"
+    right = httpx.get(f"{url}/health", headers={"Authorization": "Bearer client-key-1"}, timeout=10)
+    assert right.status_code == 200, right.text
+
+
+def test_the_openai_client_with_and_without_the_key(keyed_server):
+    good = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key="client-key-1", max_retries=0)
+    reply = good.chat.completions.create(model=keyed_server.model, messages=USER, max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    bad = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.chat.completions.create(model=keyed_server.model, messages=USER, max_tokens=3)
+    assert e.value.body["code"] == "invalid_api_key"
+
+
+def test_admin_routes_need_the_admin_key(keyed_server, server_on):
+    url = keyed_server.url
+    client = {"Authorization": "Bearer client-key-1"}
+    r = httpx.post(f"{url}/reset", headers=client, timeout=30)
+    assert r.status_code == 401 and "admin key" in r.json()["error"]["message"], r.text
+    # Without an admin key configured the routes do not exist at all.
+    assert httpx.post(f"{server_on.url}/reset", timeout=30).status_code == 404
+    assert httpx.post(f"{server_on.url}/load_model", json={"model": "/etc"}, timeout=30).status_code == 404
+    ok = httpx.post(f"{url}/reset", headers={"Authorization": "Bearer admin-key-1"}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
+def test_an_unreadable_key_file_stops_the_server_at_start(patched_engine):
+    proc = engine_code("from transformers._pb.api import auth; auth.guard()", patched_engine,
+                       PB_AUTH="1", API_KEY_FILE="/nonexistent/key")
+    assert proc.returncode == 2 and "API_KEY_FILE=/nonexistent/key cannot be read" in proc.stderr, proc.stderr
