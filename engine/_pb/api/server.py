@@ -36,3 +36,7 @@ def install(app, model_manager, chat_handler, completion_handler) -> None:
         from . import tokenize
 
         tokenize.install(app, chat_handler)
+    if knobs.get("PB_METRICS"):
+        from . import metrics
+
+        metrics.install(app, chat_handler.generation_state)
