@@ -57,8 +57,10 @@ class _Request:
     def read(self, chunk: bytes) -> None:
         """A body message on its way out: keep a JSON body, pick usage and errors from a stream."""
         if not self.sse:
-            if len(self.body) + len(chunk) <= BODY_LIMIT:
+            if self.body is not None:
                 self.body += chunk
+                if len(self.body) > BODY_LIMIT:
+                    self.body = None
             return
         for line in chunk.split(b"\n"):
             if line.startswith(b"data: {") and (b'"usage"' in line or line.startswith(b'data: {"error"')):
@@ -86,7 +88,7 @@ class _Request:
             self.finish_reason = str(choices[0]["finish_reason"])
         error = obj.get("error")
         if error is not None:
-            code = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
+            code = error.get("code") if isinstance(error, dict) else None
             if isinstance(code, str) and _CODE.fullmatch(code):
                 self.error_code = code
             elif in_stream:  # an error event of a stream that began as a 200
@@ -174,6 +176,8 @@ class Middleware:
                 request.status = message["status"]
                 content_type = dict(message.get("headers", [])).get(b"content-type", b"")
                 request.sse = content_type.startswith(b"text/event-stream")
+                if not content_type.startswith(b"application/json"):
+                    request.body = None  # nothing to read in it (the metrics text, a file)
             elif message["type"] == "http.response.body":
                 request.read(message.get("body", b""))
                 request.done = not message.get("more_body", False)
@@ -201,7 +205,7 @@ def finish(request: _Request, route: str) -> None:
     if request.status is not None and not request.done:
         request.cancelled = True  # the response never ended: the client went away
     status = request.status or (499 if request.cancelled else 500)
-    if request.body and not request.sse:
+    if request.body:
         try:
             request.take(json.loads(bytes(request.body)))
         except ValueError:
