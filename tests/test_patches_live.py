@@ -224,3 +224,17 @@ def test_no_fingerprint_without_the_knob(server_off):
                     json={"model": server_off.model, "messages": CHAT, "max_tokens": 3,
                           "pb_knobs": {"PB_FINGERPRINT": 1}})
     assert "pb_fingerprint" in on.json() and "x-pb-knobs" in on.headers
+
+
+# ---- 0580 PB_METRICS ----------------------------------------------------------------------
+
+
+def test_metrics_and_health_both_ways(server_on, server_off):
+    on = httpx.get(f"{server_on.url}/metrics", timeout=30)
+    assert on.status_code == 200 and "pb_requests_total" in on.text
+    health = httpx.get(f"{server_on.url}/health", timeout=30).json()
+    assert health["status"] == "ok" and {"uptime_s", "requests", "tokens", "ranks"} <= set(health)
+    # Without the knob: no /metrics, and upstream's /health to the byte.
+    assert httpx.get(f"{server_off.url}/metrics", timeout=30).status_code == 404
+    off = httpx.get(f"{server_off.url}/health", timeout=30)
+    assert off.status_code == 200 and off.content == b'{"status":"ok"}'

@@ -122,6 +122,7 @@ def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
     info = launch.running(files)
     assert sorted(info["ranks"]) == [0, 1] and all(r["alive"] for r in info["ranks"].values())
     assert launch.health(tp_server.url) == "ok"
+    assert httpx.get(f"{tp_server.url}/health", timeout=5).json()["ranks"] == {"world_size": 2, "peer_lost": None}
     # gloo listens on ports of its own; the HTTP port belongs to rank 0, and only rank 0 ran uvicorn.
     listening = subprocess.run(["ss", "-ltnpH", f"sport = :{tp_server.port}"], capture_output=True, text=True).stdout
     assert f"pid={info['ranks'][0]['pid']}," in listening and f"pid={info['ranks'][1]['pid']}," not in listening

@@ -48,6 +48,10 @@ def install(app, model_manager, chat_handler, completion_handler, response_handl
         from . import tokenize
 
         tokenize.install(app, chat_handler)
+    if knobs.get("PB_METRICS"):
+        from . import metrics
+
+        metrics.install(app, generation_state or chat_handler.generation_state)
 
 
 def _outermost(app) -> None:

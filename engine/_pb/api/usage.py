@@ -2,10 +2,13 @@
 from the prefix cache (`prompt_tokens_details.cached_tokens`).
 
 The scheduler reports each prefix match; only requests the reply path watches are kept,
-so with the path unused nothing is recorded.
+so with the path unused nothing is recorded. Every match also counts in PB_METRICS'
+pb_prefix_cache_hit_tokens_total (nothing without that knob).
 """
 
 import threading
+
+from . import metrics
 
 _cached: dict = {}
 _lock = threading.Lock()
@@ -18,6 +21,7 @@ def watch(request_id: str) -> None:
 
 def record_cached(request_id: str, tokens: int) -> None:
     """Scheduler hook: `tokens` prompt tokens of the request were found in the cache."""
+    metrics.count_cached(tokens)
     with _lock:
         if request_id in _cached:
             _cached[request_id] += int(tokens)

@@ -23,6 +23,8 @@ CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic
            "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5",
            # structured output (0130); the device's own triton serves xgrammar
            "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2",
+           # /metrics (0580); pure Python
+           "prometheus_client==0.26.0",
            # the GPU-marked kernel tests (tests/test_kernels_gpu.py)
            "pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1", "pygments==2.21.0"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
