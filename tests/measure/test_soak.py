@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from patchbay import cli
-from patchbay.measure import soak_plan, soak_report, verbs
+from patchbay.measure import soak, soak_plan, soak_report, verbs
 
 
 def rec(kind="chat", status=200, outcome="completed", bad=False, accept=("2xx",), t=0.0, latency=0.1, **kw):
@@ -106,6 +106,34 @@ def test_latency_is_bucketed_by_start_time_per_kind_with_the_bad_cases_as_one():
                        {"group": "chat", "t0_s": 0, "n": 2, "p50_s": pytest.approx(0.2), "p95_s": pytest.approx(0.29)},
                        {"group": "chat", "t0_s": 10, "n": 1, "p50_s": 1.0, "p95_s": 1.0}]
     assert soak_report.bucket_size(30) == 5 and soak_report.bucket_size(3600) == 60
+
+
+def test_the_running_count_is_read_from_metrics_or_health_and_may_be_absent():
+    metrics = ("# HELP pb_requests_running Requests in the engine.\n# TYPE pb_requests_running gauge\n"
+               'pb_requests_running{route="chat"} 2.0\npb_requests_running{route="completions"} 1.0\n'
+               "pb_requests_running_total 99\n")
+    assert soak.running_from(metrics, {"requests": {"running": 7}}) == (3, "/metrics pb_requests_running")
+    assert soak.running_from("pb_requests_running 0\n", None) == (0, "/metrics pb_requests_running")
+    assert soak.running_from(None, {"status": "ok", "requests": {"running": 0}}) == (0, "/health requests.running")
+    for health in ({"status": "ok"}, {"requests": {"running": True}}, ["x"], None):
+        assert soak.running_from("process_resident_memory_bytes 1e9\n", health) == (None, None)
+
+
+def test_the_summary_has_a_row_per_bucket_of_rss_running_and_latency():
+    records = [rec(t=1, latency=0.1), rec("chat_stream", t=6, latency=0.2), bad(400, t=7, latency=0.01)]
+    smp = [{"t": t, "rss_kib": 1024 * (100 + t), "running": t % 3} for t in range(10)]
+    facts = {"pid": 7, "clients": 1, "duration_s": 10, "samples": smp, "running_after": 0,
+             "running_source": "/metrics pb_requests_running", "server_alive": True}
+    summary = soak_report.summarize(records, facts, LIMITS, bucket_s=5)
+    assert summary["latency"]["server"] == [{"t0_s": 0, "rss_mib": 102.0, "running_max": 2},
+                                            {"t0_s": 5, "rss_mib": 107.0, "running_max": 2}]
+    assert soak_report.time_table(summary) == [
+        "| from s | RSS MiB | running (max) | chat p50 / p95 ms | chat_stream p50 / p95 ms | bad p50 / p95 ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+        "| 0 | 102 | 2 | 100 / 100 | – | – |",
+        "| 5 | 107 | 2 | – | 200 / 200 | 10 / 10 |"]
+    assert summary["checks"][1]["detail"].startswith("0 request(s) still running")
+    assert [c["ok"] for c in summary["checks"]] == [True, True, False]  # 101 -> 108 MiB is +7 %
 
 
 def test_the_first_draws_send_every_kind_and_no_two_prompts_alike():

@@ -41,24 +41,34 @@ def rss_kib(pid: int) -> int | None:
 _GAUGE = re.compile(r"^pb_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 
 
+def running_from(metrics: str | None, health) -> tuple[int | None, str | None]:
+    """(requests running, where it was said) from the text of /metrics (the `pb_requests_running`
+    gauge, summed over its labels) or else /health's JSON (`requests.running`); (None, None) when
+    neither says."""
+    found = _GAUGE.findall(metrics or "")
+    if found:
+        return int(sum(float(v) for v in found)), "/metrics pb_requests_running"
+    requests = health.get("requests") if isinstance(health, dict) else None
+    running = requests.get("running") if isinstance(requests, dict) else None
+    if isinstance(running, (int, float)) and not isinstance(running, bool):
+        return int(running), "/health requests.running"
+    return None, None
+
+
 async def running_requests(client: httpx.AsyncClient, url: str) -> tuple[int | None, str | None]:
-    """(requests the server is running, where it said so): the `pb_requests_running` gauge of
-    /metrics, else `requests.running` of /health's JSON; (None, None) when it reports neither."""
+    """What the server says it is running now (running_from); (None, None) when it says nothing."""
+    metrics = health = None
     try:
         r = await client.get(f"{url}/metrics", timeout=5.0)
-        found = _GAUGE.findall(r.text) if r.status_code == 200 else []
-        if found:
-            return int(sum(float(v) for v in found)), "/metrics pb_requests_running"
-    except (httpx.HTTPError, ValueError):
+        metrics = r.text if r.status_code == 200 else None
+    except httpx.HTTPError:
         pass
-    try:
-        r = await client.get(f"{url}/health", timeout=5.0)
-        running = r.json().get("requests", {}).get("running")
-        if isinstance(running, (int, float)):
-            return int(running), "/health requests.running"
-    except (httpx.HTTPError, ValueError, AttributeError):
-        pass
-    return None, None
+    if not _GAUGE.search(metrics or ""):
+        try:
+            health = (await client.get(f"{url}/health", timeout=5.0)).json()
+        except (httpx.HTTPError, ValueError):
+            pass
+    return running_from(metrics, health)
 
 
 def context_length(url: str, model: str) -> int | None:

@@ -89,6 +89,20 @@ def latency_buckets(records: list[dict], bucket_s: float) -> list[dict]:
             for (g, b), v in sorted(groups.items())]
 
 
+def server_buckets(samples: list[dict], bucket_s: float) -> list[dict]:
+    """The server's RSS (median, MiB) and the most requests it reported running, per bucket."""
+    groups: dict = {}
+    for smp in samples:
+        groups.setdefault(int(smp["t"] // bucket_s), []).append(smp)
+    out = []
+    for b, group in sorted(groups.items()):
+        rss = [x["rss_kib"] for x in group if x.get("rss_kib")]
+        running = [x["running"] for x in group if x.get("running") is not None]
+        out.append({"t0_s": b * bucket_s, "rss_mib": float(np.median(rss)) / 1024 if rss else None,
+                    "running_max": max(running) if running else None})
+    return out
+
+
 def rss_growth(samples: list[dict], window_s: float = 60.0, min_samples: int = 3) -> dict:
     """The median RSS over the first `window_s` of the samples against the median over the last,
     each window at most a third of the span so they never overlap. `judged` is False (with
@@ -148,7 +162,8 @@ def summarize(records: list[dict], run: dict, limits: dict, bucket_s: float | No
     found = checks(records, run, growth, limits)
     b = bucket_size(run.get("duration_s", 0), bucket_s)
     summary = {"requests": len(records), "unexpected": len(unexpected(records)), "kinds": by_kind(records),
-               "latency": {"bucket_s": b, "buckets": latency_buckets(records, b)},
+               "latency": {"bucket_s": b, "buckets": latency_buckets(records, b),
+                           "server": server_buckets(run.get("samples", []), b)},
                "rss": {"pid": run.get("pid"), **growth}, "running": {"source": run.get("running_source"),
                                                                     "after_grace": run.get("running_after")},
                "checks": found, "ok": all(c["ok"] for c in found), "limits": limits,
@@ -246,9 +261,26 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
                   "|---|---|---:|---:|---|"]
         lines += [f"| {e['kind']} | {UNEXPECTED[e['class']]} | {e['status'] or '–'} | {e['t_start']:.1f} | "
                   f"{_cell(e['error'])} |" for e in summary["examples"]]
-    lines += ["", f"## Over time (buckets of {summary['latency']['bucket_s']:g} s)", "",
-              "![RSS and running requests](rss.png)", "", "![latency p50 and p95 by kind](latency.png)", ""]
+    lines += ["", f"## Over time (buckets of {summary['latency']['bucket_s']:g} s)", ""] + time_table(summary)
+    lines += ["", "![RSS and running requests](rss.png)", "", "![latency p50 and p95 by kind](latency.png)", ""]
     return "\n".join(lines)
+
+
+def time_table(summary: dict) -> list[str]:
+    """A row per bucket: the server's RSS and most running requests, each group's p50 / p95 (ms)."""
+    lat = summary["latency"]
+    groups = sorted({b["group"] for b in lat["buckets"]}, key=lambda g: (g == "bad", g))
+    cells = {(b["group"], b["t0_s"]): f"{_ms(b['p50_s'])} / {_ms(b['p95_s'])}" for b in lat["buckets"]}
+    server = {b["t0_s"]: b for b in lat.get("server", [])}
+    starts = sorted(set(server) | {t for _, t in cells})
+    lines = ["| from s | RSS MiB | running (max) | " + " | ".join(f"{g} p50 / p95 ms" for g in groups) + " |",
+             "|---:|---:|---:|" + "---:|" * len(groups)]
+    for t0 in starts:
+        srv = server.get(t0, {})
+        rss, running = srv.get("rss_mib"), srv.get("running_max")
+        lines.append(f"| {t0:g} | {'–' if rss is None else f'{rss:.0f}'} | {'–' if running is None else running} | "
+                     + " | ".join(cells.get((g, t0), "–") for g in groups) + " |")
+    return lines
 
 
 def write_window(window, summary: dict, samples: list[dict]) -> None:
