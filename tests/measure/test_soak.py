@@ -40,6 +40,8 @@ def bad(status, kind="bad_messages_type", outcome="refused", accept=("4xx",), **
     (bad(None, outcome="timeout"), "timeout"),
     (bad(200, "bad_huge_max_tokens", "closed", ("2xx", "4xx")), "disconnected"),
     (bad(400, "bad_huge_max_tokens", "refused", ("2xx", "4xx")), "expected_4xx"),
+    (bad(200, "bad_empty_prompt", "completed", ("2xx", "4xx")), "ok"),
+    (bad(503, "bad_empty_prompt", "refused", ("2xx", "4xx")), "5xx"),
 ])
 def test_each_answer_is_classified_by_its_record_alone(record, expected):
     assert soak_report.classify(record) == expected
@@ -141,6 +143,8 @@ def test_the_first_draws_send_every_kind_and_no_two_prompts_alike():
     sent = [traffic.next() for _ in range(len(traffic.kinds()))]
     assert sorted(r.kind for r in sent) == sorted(traffic.kinds())
     assert {f"bad_{c}" for c in soak_plan.BAD_CASES} <= {r.kind for r in sent}
+    served_too = {r.kind for r in sent if r.bad and "2xx" in r.accept}
+    assert served_too == {"bad_missing_prompt", "bad_empty_prompt", "bad_huge_max_tokens"}
     texts = [json.dumps(r.body) for r in (traffic.next() for _ in range(200)) if not r.bad]
     assert len(set(texts)) == len(texts)
     quiet = soak_plan.Traffic("m", soak_plan.parse_mix(None, no_bad=True), list(soak_plan.BAD_CASES), 8, 20, 3, 0.2)

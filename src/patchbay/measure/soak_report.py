@@ -252,9 +252,11 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              "## Checks", ""]
     lines += [f"- {'ok' if c['ok'] else '**FAIL**'} {c['name']}: {c['detail']}" for c in summary["checks"]]
     lines += ["", "## Requests by kind", "",
-              "A bad request (`bad_*`) is right when refused with a 4xx (`bad_huge_max_tokens` may also be "
-              "served, clamped to the context); a good one when served, or closed by the client on purpose "
-              "(`disconnect_*`). Latency: milliseconds from sending to the last byte read, of the right answers.", ""]
+              "A bad request (`bad_*`) is right when refused with a 4xx (`bad_missing_prompt` and "
+              "`bad_empty_prompt` may also be served, as OpenAI serves a missing prompt, and "
+              "`bad_huge_max_tokens` clamped to the context); a good one when served, or closed by the client "
+              "on purpose (`disconnect_*`). Latency: milliseconds from sending to the last byte read, of the "
+              "right answers.", ""]
     lines += kind_table(summary)
     if summary["examples"]:
         lines += ["", "## First unexpected answer of each kind", "", "| kind | class | status | at s | answer |",
