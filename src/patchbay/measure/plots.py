@@ -74,10 +74,10 @@ def rss_plot(samples: list[dict], summary: dict, out: Path) -> None:
         ax.plot([t for t, _ in rss], [v for _, v in rss], "-", color="tab:blue", label="RSS")
         growth = summary["rss"]
         if growth.get("judged"):
-            for kib, label in ((growth["first_kib"], "first window's median"),
-                               (growth["last_kib"], "last window's median")):
+            for kib, label, x, ha in ((growth["first_kib"], "first window's median", rss[0][0], "left"),
+                                      (growth["last_kib"], "last window's median", rss[-1][0], "right")):
                 ax.axhline(kib / 1024, color="grey", linewidth=0.8, linestyle="--")
-                ax.annotate(label, (rss[0][0], kib / 1024), fontsize=7, color="grey", va="bottom")
+                ax.annotate(label, (x, kib / 1024), fontsize=7, color="grey", va="bottom", ha=ha)
         lo, hi = min(v for _, v in rss), max(v for _, v in rss)
         ax.set_ylim(lo * 0.97, hi * 1.03)  # a growth of a few per cent shows as such, not as a cliff
     else:
