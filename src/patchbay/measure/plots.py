@@ -64,3 +64,59 @@ def aggregate_plot(summary: dict, config: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+
+
+def rss_plot(samples: list[dict], summary: dict, out: Path) -> None:
+    """A soak's server RSS (MiB) over time, and the requests the server reported running."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
+    rss = [(s["t"], s["rss_kib"] / 1024) for s in samples if s.get("rss_kib")]
+    if rss:
+        ax.plot([t for t, _ in rss], [v for _, v in rss], "-", color="tab:blue", label="RSS")
+        growth = summary["rss"]
+        if growth.get("judged"):
+            for kib, label, x, ha in ((growth["first_kib"], "first window's median", rss[0][0], "left"),
+                                      (growth["last_kib"], "last window's median", rss[-1][0], "right")):
+                ax.axhline(kib / 1024, color="grey", linewidth=0.8, linestyle="--")
+                ax.annotate(label, (x, kib / 1024), fontsize=7, color="grey", va="bottom", ha=ha)
+        lo, hi = min(v for _, v in rss), max(v for _, v in rss)
+        ax.set_ylim(lo * 0.97, hi * 1.03)  # a growth of a few per cent shows as such, not as a cliff
+    else:
+        ax.text(0.5, 0.5, "RSS not sampled (no server pid)", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("server RSS, MiB")
+    running = [(s["t"], s["running"]) for s in samples if s.get("running") is not None]
+    if running:
+        twin = ax.twinx()
+        twin.step([t for t, _ in running], [v for _, v in running], where="post", color="tab:orange",
+                  linewidth=0.8, label="running requests")
+        twin.set_ylabel("running requests (server)")
+        twin.set_ylim(bottom=0)
+    ax.set_title(summary["headline"], fontsize=7)
+    fig.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def latency_plot(summary: dict, out: Path) -> None:
+    """A soak's latency per request group over time: p50 solid, p95 dashed, one colour a group."""
+    buckets = summary["latency"]["buckets"]
+    width = summary["latency"]["bucket_s"]
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
+    groups = list(dict.fromkeys(b["group"] for b in buckets))
+    for i, group in enumerate(groups):
+        pts = [b for b in buckets if b["group"] == group]
+        xs = [b["t0_s"] + width / 2 for b in pts]
+        colour = f"C{i % 10}"
+        ax.plot(xs, [b["p50_s"] * 1000 for b in pts], "o-", color=colour, markersize=3, label=f"{group} p50")
+        ax.plot(xs, [b["p95_s"] * 1000 for b in pts], "--", color=colour, linewidth=0.8)
+    if buckets:
+        ax.set_yscale("log")
+    ax.set_xlabel(f"seconds since the start (buckets of {width:g} s)")
+    ax.set_ylabel("latency, ms (p50 solid, p95 dashed)")
+    ax.set_title(summary["headline"], fontsize=7)
+    if groups:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

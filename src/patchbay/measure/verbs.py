@@ -1,4 +1,4 @@
-"""The measuring verbs: exact, score, ab, results. The CLI adds them with add_verbs; a GPU job
+"""The measuring verbs: exact, score, ab, soak, results. The CLI adds them with add_verbs; a GPU job
 runs one in its own process with run(), with the same messages and exit codes.
 
 Each cmd_* takes the parsed arguments and returns the exit code; bad input raises Fail(…, 2).
@@ -245,6 +245,70 @@ def cmd_ab(args) -> int:
     return 0
 
 
+def cmd_soak(args) -> int:
+    import dataclasses
+
+    from . import bench, soak, soak_plan, soak_report, windows
+
+    try:
+        url, run_dir = args.url, args.run_dir
+        if args.pid and run_dir:
+            raise soak_plan.SoakError("give --pid or --run-dir, not both", 2)
+        implicit = not (args.url or args.config)  # the default config's server, as `status` reads it
+        if args.config or implicit:
+            from ..runtime import config
+
+            try:
+                cfg = config.load(Path(args.config) if args.config else None)
+            except config.ConfigError as e:
+                raise Fail(str(e), 2) from None
+            host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+            url = url or f"http://{host}:{cfg.port}"
+            if not (run_dir or args.pid) and (cfg.run_path / "server.pid").is_file():
+                run_dir = str(cfg.run_path)
+            elif not (run_dir or args.pid) and not implicit:
+                raise soak_plan.SoakError(f"--config {args.config}: no server.pid in {cfg.run_path}; start the "
+                                          "server with this config (or pass --pid)", 2)
+        url = url.rstrip("/")
+        soak_plan.check_loopback(url, args.allow_remote)
+        if args.pid and soak.rss_kib(args.pid) is None:
+            raise soak_plan.SoakError(f"--pid {args.pid}: no such process on this machine", 2)
+        pid = args.pid or (soak.server_pid(Path(run_dir)) if run_dir else None)
+        if args.window:
+            windows.check_slug(args.window)
+        settings = soak_plan.Settings(
+            url=url, clients=args.clients,
+            duration_s=soak_plan.parse_duration(args.duration), max_tokens=args.max_tokens, timeout_s=args.timeout,
+            disconnect_after=args.disconnect_after, disconnect_timeout_s=args.disconnect_timeout,
+            mix=soak_plan.parse_mix(args.mix, args.no_bad), bad=tuple(soak_plan.parse_bad(args.bad)),
+            prompt_words=args.prompt_words, seed=args.seed, sample_every_s=args.sample_every, grace_s=args.grace,
+            pid=pid, bucket_s=args.bucket, rss_window_s=args.rss_window, max_unexpected=args.max_unexpected,
+            max_leaked=args.max_leaked, max_rss_growth=args.max_rss_growth / 100)
+        server = bench.server_info(url, args.model)
+        settings = dataclasses.replace(settings, model=server["model"], build=server["build"])
+        words, context = soak.fit_words(settings)
+        if words < settings.prompt_words:
+            if not args.quiet:
+                print(f"prompts carry {words} words of text, not {settings.prompt_words}: the longest must fit "
+                      f"the model's {context}-token context with 4x --max-tokens", file=sys.stderr)
+            settings = dataclasses.replace(settings, prompt_words=words)
+        results_dir = Path(args.results_dir) if args.results_dir else windows.RESULTS_DIR
+        window = windows.create(results_dir, args.window) if args.window else None
+        result = soak.execute(settings, window, invocation(),
+                              progress=None if args.quiet else soak.Progress())
+    except (soak_plan.SoakError, bench.BenchError, windows.WindowError) as e:
+        raise Fail(str(e), getattr(e, "code", 2)) from None
+    summary = result["summary"]
+    if not args.quiet:
+        print(soak_report.render_console(summary))
+    print(summary["headline"])
+    if window:
+        if results_dir.resolve() == windows.RESULTS_DIR.resolve():
+            windows.INDEX.write_text(windows.render_index(results_dir, windows.INDEX))
+        print(f"window {window}")
+    return 0 if summary["ok"] else 1
+
+
 def _alternation(a_path: str, b_path: str):
     """The two configs of `ab --a-config/--b-config`, checked, as a launch.Alternation (B is served
     on A's host and port)."""
@@ -294,6 +358,8 @@ def cmd_results(args) -> int:
 
 
 def add_verbs(verb) -> None:
+    from . import soak_plan
+
     x = verb("exact", cmd_exact, "the exactness contract: knobs unset == pristine, same-bits knobs, batched == alone")
     x.add_argument("--pristine", action="store_true",
                    help="in-process: the series' build with every knob unset against the pristine build")
@@ -356,6 +422,50 @@ def add_verbs(verb) -> None:
     ab.add_argument("--window", metavar="SLUG", help="write a results window results/WNN-SLUG/")
     ab.add_argument("--results-dir", help="where windows go (default: results/)")
     ab.add_argument("--quiet", action="store_true", help="no progress bar and no tables, only the headline")
+    sk = verb("soak", cmd_soak, "N clients for a while against a local server: every kind of request, disconnects "
+              "and malformed ones; unexpected answers, leaked slots and RSS growth fail it")
+    d = soak_plan.Settings
+    sk.add_argument("--url", help="the server (default: the config's URL); loopback only")
+    sk.add_argument("--allow-remote", action="store_true", help="soak a server that is not on a loopback address")
+    sk.add_argument("--config", help="the server's config: its URL, and RUN_DIR's server.pid for the RSS (default: "
+                    "config/local.env, else config/local.env.example, unless --url is given)")
+    sk.add_argument("--run-dir", help="the server's run folder: its server.pid is the process whose RSS is read")
+    sk.add_argument("--pid", type=int, help="the server process whose RSS is read (instead of --run-dir)")
+    sk.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    sk.add_argument("--clients", type=int, default=d.clients, help="concurrent clients (default: %(default)s)")
+    sk.add_argument("--duration", default="10m", help="how long: 45s, 10m, 2h (default: %(default)s)")
+    sk.add_argument("--mix", metavar="FAMILY=W,...", help="send only the families named, with these weights "
+                    f"(default: {','.join(f'{k}={v}' for k, v in soak_plan.DEFAULT_MIX.items())})")
+    sk.add_argument("--no-bad", action="store_true", help="no malformed requests (the default mix, or --mix's, with bad=0)")
+    sk.add_argument("--bad", metavar="CASE,...", help=f"the malformed cases sent (default: all: "
+                    f"{', '.join(soak_plan.BAD_CASES)})")
+    sk.add_argument("--max-tokens", type=int, default=d.max_tokens, help="a good request's max_tokens "
+                    "(default: %(default)s)")
+    sk.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds a request may take in all "
+                    "(default: %(default)s)")
+    sk.add_argument("--disconnect-after", type=int, default=d.disconnect_after,
+                    help="a disconnecting stream closes after this many chunks (default: %(default)s)")
+    sk.add_argument("--disconnect-timeout", type=float, default=d.disconnect_timeout_s,
+                    help="a disconnecting non-streamed request gives up after this many seconds (default: %(default)s)")
+    sk.add_argument("--prompt-words", type=int, default=d.prompt_words,
+                    help="words of real text in each prompt after its instruction (default: %(default)s)")
+    sk.add_argument("--seed", type=int, default=d.seed, help="the draw of request kinds (default: %(default)s)")
+    sk.add_argument("--sample-every", type=float, default=d.sample_every_s,
+                    help="seconds between samples of RSS and running requests (default: %(default)s)")
+    sk.add_argument("--grace", type=float, default=d.grace_s, help="seconds after the run for the running "
+                    "count to return to 0 (default: %(default)s)")
+    sk.add_argument("--bucket", type=float, help="latency buckets, seconds (default: 60, narrower under 10 minutes)")
+    sk.add_argument("--rss-window", type=float, default=d.rss_window_s, help="RSS growth compares the medians of "
+                    "the first and last this many seconds (at most a third of the run; default: %(default)s)")
+    sk.add_argument("--max-unexpected", type=int, default=d.max_unexpected,
+                    help="unexpected answers allowed (default: %(default)s)")
+    sk.add_argument("--max-leaked", type=int, default=d.max_leaked,
+                    help="requests still running after the grace allowed (default: %(default)s)")
+    sk.add_argument("--max-rss-growth", type=float, default=d.max_rss_growth * 100, metavar="PCT",
+                    help="RSS growth allowed, percent (default: %(default)g)")
+    sk.add_argument("--window", metavar="SLUG", help="write a results window results/WNN-SLUG/")
+    sk.add_argument("--results-dir", help="where windows go (default: results/)")
+    sk.add_argument("--quiet", action="store_true", help="no progress lines and no table, only the headline")
     rs = verb("results", cmd_results, "regenerate docs/RESULTS.md, the index of the results windows")
     rs.add_argument("--check", action="store_true", help="only report whether it is stale")
     rs.add_argument("--results-dir", help="the windows' folder (default: results/)")
@@ -363,7 +473,7 @@ def add_verbs(verb) -> None:
 
 
 def run(verb: str, argv: list[str]) -> int:
-    """`patchbay VERB ARGV...` (exact, score, ab or results) in this process: the same parsing,
+    """`patchbay VERB ARGV...` (exact, score, ab, soak or results) in this process: the same parsing,
     messages and exit codes as the CLI's."""
     from ..runtime.launch import LaunchError
     from ..series.build import BuildError

@@ -112,14 +112,20 @@ def read_raw(window: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def write_summary(window: Path, summary: dict, render) -> None:
+    """summary.json, and SUMMARY.md from `render(name, command, machine)`, into a window that
+    write_start began (the summary's `headline` is the index's)."""
+    (window / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    command = (window / "command.txt").read_text().strip()
+    mach = json.loads((window / "machine.json").read_text())
+    (window / "SUMMARY.md").write_text(render(window.name, command, mach))
+
+
 def write_finish(window: Path, summary: dict) -> None:
     from . import plots
 
-    (window / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     config = json.loads((window / "config.json").read_text())
-    command = (window / "command.txt").read_text().strip()
-    mach = json.loads((window / "machine.json").read_text())
-    (window / "SUMMARY.md").write_text(render_summary(window.name, command, config, summary, mach))
+    write_summary(window, summary, lambda name, command, mach: render_summary(name, command, config, summary, mach))
     plots.ratio_plot(summary, config, window / "ratio.png")
     plots.aggregate_plot(summary, config, window / "aggregate.png")
 
