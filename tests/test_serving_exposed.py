@@ -229,3 +229,58 @@ def test_an_unreadable_key_file_stops_the_server_at_start(patched_engine):
     proc = engine_code("from transformers._pb.api import auth; auth.guard()", patched_engine,
                        PB_AUTH="1", API_KEY_FILE="/nonexistent/key")
     assert proc.returncode == 2 and "API_KEY_FILE=/nonexistent/key cannot be read" in proc.stderr, proc.stderr
+
+
+def _running(url: str) -> int:
+    requests = httpx.get(f"{url}/health", timeout=10).json()["requests"]
+    return requests["running"] + requests["waiting"]
+
+
+def _until_idle(url: str, deadline_s: float = 60) -> float:
+    t0 = time.monotonic()
+    while _running(url) and time.monotonic() - t0 < deadline_s:
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("path,body", [
+    (CHAT, {"messages": USER}),  # patchbay's chat path
+    (COMPLETIONS, {"prompt": "The sea is"}),  # upstream's non-streamed path
+    (RESPONSES, {"input": "The sea is"}),
+], ids=["chat", "completions", "responses"])
+def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server_on, path, body):
+    url = server_on.url
+    length = "max_output_tokens" if path == RESPONSES else "max_tokens"
+    body = {**body, length: 400, "stream": False}
+
+    def send(rid: str, timeout: float):
+        try:
+            return httpx.post(f"{url}{path}", json=body, headers={"x-request-id": rid}, timeout=timeout)
+        except httpx.TimeoutException:
+            return None
+
+    # Paired in one run: four such requests to their end, then four whose clients leave at 0.3 s.
+    assert _until_idle(url) < 60
+    t0 = time.monotonic()
+    full = [threading.Thread(target=send, args=(f"full-{path}-{i}", 120)) for i in range(4)]
+    for t in full:
+        t.start()
+    for t in full:
+        t.join()
+    full_s = time.monotonic() - t0
+    left = [threading.Thread(target=send, args=(f"left-{path}-{i}", 0.3)) for i in range(4)]
+    for t in left:
+        t.start()
+    for t in left:
+        t.join()
+    gone_s = _until_idle(url)
+    print(f"{path}: four to their end {full_s:.2f} s; slots free {gone_s:.2f} s after the clients left")
+    assert gone_s < full_s / 2, (gone_s, full_s)
+    lines = {line["id"]: line for line in _log_lines(server_on) if line["id"].startswith("left-")}
+    assert all(lines[f"left-{path}-{i}"]["cancelled"] for i in range(4)), lines
+
+
+def _log_lines(server) -> list[dict]:
+    prefix = "pb-request "
+    return [json.loads(line.split(prefix, 1)[1]) for line in server.files.log.read_text().splitlines()
+            if prefix in line]
