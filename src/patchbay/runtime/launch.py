@@ -129,13 +129,13 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def first_streamed_token(url: str, model: str, timeout: float = 10.0) -> bool:
+def first_streamed_token(url: str, model: str, timeout: float = 10.0, headers: dict | None = None) -> bool:
     """True once a streamed chat completion yields a first content token."""
     # No sampling fields: upstream's continuous batching fixes its sampling settings from
     # the first request it sees, and this probe must not choose them for the operator.
     body = {"model": model, "messages": [{"role": "user", "content": "ready?"}], "stream": True, "max_tokens": 1}
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout, headers=headers) as r:
             if r.status_code != 200:
                 return False
             for line in r.iter_lines():
@@ -230,12 +230,21 @@ def stop(files: RunFiles, grace: float = 15.0) -> list[int]:
     return pids
 
 
-def health(url: str) -> str:
+def health(url: str, headers: dict | None = None) -> str:
+    """`ok`, `unhealthy (HTTP 503: cb_worker_dead)` (the reason the engine gives), or
+    `unreachable (ConnectError)`."""
     try:
-        r = httpx.get(f"{url}/health", timeout=5)
+        r = httpx.get(f"{url}/health", timeout=5, headers=headers)
     except httpx.HTTPError as e:
         return f"unreachable ({type(e).__name__})"
-    return "ok" if r.status_code == 200 else f"unhealthy (HTTP {r.status_code}: {r.text[:80]})"
+    if r.status_code == 200:
+        return "ok"
+    try:
+        body = r.json()
+        why = ": ".join(str(body[k]) for k in ("reason", "error") if body.get(k)) if isinstance(body, dict) else ""
+    except ValueError:
+        why = ""
+    return f"unhealthy (HTTP {r.status_code}: {(why or r.text)[:120]})"
 
 
 class Alternation:
