@@ -1,4 +1,5 @@
-"""RUNTIME=local: the engine's processes on this machine (launch does the work), as a Runtime."""
+"""RUNTIME=local: the engine's processes on this machine (launch does the work), as a Runtime,
+with its watchdog (`watch`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from ..series.knobs import validate_settings
 from ..series.series import Series, load_usable
 from ..verb import Fail, print_rows
 from . import launch
-from .config import Config
+from . import watch as watchdog
+from .config import Config, load
 from .models import model_path
 
 
@@ -68,7 +70,7 @@ class Local:
         if crashed:
             print(f"crashed: {_crash(crashed)}; last log lines:")
             print(self._tails(crashed["ranks"], crashed.get("tp", 1)))
-            print("fix: read `scripts/serve.sh logs -n 200`, then `scripts/serve.sh start`")
+            print("fix: read `scripts/serve.sh logs -n 200`, then `scripts/serve.sh start` (or let `watch` do it)")
             return 1
         info = launch.running(self.files)
         if not info:
@@ -96,6 +98,26 @@ class Local:
             return launch.log_tail(self.files.log, lines)
         return "\n".join(f"--- rank {r} ({self.files.rank_log(r)}) ---\n{launch.log_tail(self.files.rank_log(r), lines)}"
                          for r in sorted(ranks))
+
+    def watch(self, interval: float, once: bool, unhealthy: int = 3) -> int:
+        """Start the server when none runs, restart it when a rank died or `unhealthy` health checks
+        in a row failed; the config file is read again for each restart."""
+
+        def check() -> tuple[str, str]:
+            info = launch.running(self.files)
+            if not info:
+                crash = _crash(launch.crashed(self.files))
+                return (f"crashed: {crash}" if crash else "not running"), ""
+            dead = [f"rank {r} {launch.ended(v)}" for r, v in sorted(info["ranks"].items()) if not v["alive"]]
+            return "; ".join(dead), launch.health(info.get("url", self.cfg.url))
+
+        def restart() -> str:
+            cfg = load(self.cfg.source_path)
+            launch.stop(self.files)
+            self.cfg, self.files = cfg, launch.RunFiles(cfg.run_path)
+            return self._serve(lambda *_: None)
+
+        return watchdog.loop(check, restart, "the server", interval, unhealthy, once)
 
     def logs(self, rank: int, lines: int, follow: bool) -> int:
         log = self.files.rank_log(rank)
