@@ -58,12 +58,20 @@ def test_synth_air12_without_a_gpu_is_exit_2_in_one_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("verb", ["preflight", "watch"])
-def test_docker_verbs_refuse_the_local_runtime_in_one_line(verb, tmp_path):
+def test_docker_verbs_refuse_the_local_runtime_in_one_line(tmp_path):
     cfg = tmp_path / "local.env"
     cfg.write_text("RUNTIME=local\nPORT=18123\n")
-    proc = patchbay(verb, "--config", str(cfg))
+    proc = patchbay("preflight", "--config", str(cfg))
     assert_one_line_error(proc, 2, "RUNTIME=local; this verb is for RUNTIME=docker")
+
+
+@pytest.mark.parametrize("args", [["--unhealthy", "0"], ["--interval", "-1"]])
+def test_watch_refuses_a_bad_count_or_interval_in_one_line(args, tmp_path):
+    cfg = tmp_path / "local.env"
+    cfg.write_text(f"RUNTIME=local\nPORT=18123\nRUN_DIR={tmp_path / 'run'}\n")
+    proc = patchbay("watch", "--once", "--config", str(cfg), *args)
+    assert_one_line_error(proc, 2, "patchbay watch: ", "--unhealthy must be 1 or more")
+    assert not (tmp_path / "run").exists()  # nothing was started
 
 
 def test_a_docker_config_with_a_bad_node_is_exit_2_in_one_line(tmp_path):

@@ -173,7 +173,9 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    return _docker(args).watch(args.interval, args.once)
+    if args.unhealthy < 1 or args.interval < 0:
+        raise Fail("--unhealthy must be 1 or more and --interval 0 or more", 2)
+    return _runtime(args).watch(args.interval, args.once, args.unhealthy)
 
 
 def cmd_base_image(args) -> int:
@@ -229,7 +231,8 @@ def parser() -> argparse.ArgumentParser:
                            ("preflight", cmd_preflight,
                             "RUNTIME=docker: check both nodes before a start (PASS/FAIL, each FAIL with its fix)"),
                            ("watch", cmd_watch,
-                            "RUNTIME=docker: restart the pair whenever a rank dies or the head stops answering")):
+                            "keep it serving: start it when none runs, restart it when a rank dies or health "
+                            "checks fail")):
         v = verb(name, fn, help)
         v.add_argument("--config", help="config file (default: config/local.env, else config/local.env.example)")
         if name == "logs":
@@ -238,6 +241,8 @@ def parser() -> argparse.ArgumentParser:
             v.add_argument("-f", "--follow", action="store_true")
         if name == "watch":
             v.add_argument("--interval", type=float, default=5.0, help="seconds between checks (default 5)")
+            v.add_argument("--unhealthy", type=int, default=3, metavar="N",
+                           help="restart after N failed health checks in a row (default 3)")
             v.add_argument("--once", action="store_true", help="check once, restart if needed, then exit")
     return p
 

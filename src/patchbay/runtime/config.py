@@ -130,6 +130,11 @@ class Config:
         return ROOT / self.run_dir
 
     @property
+    def source_path(self) -> Path:
+        """The file this config was read from, to read it again (`source` is relative to ROOT)."""
+        return ROOT / self.source
+
+    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 

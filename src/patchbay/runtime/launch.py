@@ -5,6 +5,10 @@ the standard torch.distributed environment; rank 0 serves HTTP. Ready means a st
 came back through rank 0's HTTP API, not that a port opened. Start is atomic: a rank that
 exits or a readiness timeout stops every rank. The run folder (.run/) holds one pid and log
 per rank and what was started (build, model, knobs).
+
+Each rank runs under a small parent (reaper.py) that writes how the rank ended into the run
+folder; `stop` removes that record, so one left behind is a rank that died without a stop (a
+crash, a kill, an exit of its own), and `status` can say so and how.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import httpx
 from ..series.build import Engine
 from . import procenv
 from .config import Config
+
+REAPER = Path(__file__).with_name("reaper.py")
 
 
 class LaunchError(RuntimeError):
@@ -52,6 +58,10 @@ class RunFiles:
     def rank_log(self, rank: int) -> Path:
         return self.log if rank == 0 else self.dir / f"server.rank{rank}.log"
 
+    def rank_exit(self, rank: int) -> Path:
+        """How the rank's engine ended, written by its reaper; removed by stop and start."""
+        return self.dir / ("server.exit.json" if rank == 0 else f"server.rank{rank}.exit.json")
+
     def pids(self) -> dict[int, int]:
         """rank -> pid, from the pid files there are."""
         found = {}
@@ -62,6 +72,11 @@ class RunFiles:
             except (OSError, ValueError):
                 continue
         return found
+
+    def exits(self) -> list[int]:
+        """The ranks with an exit record."""
+        found = [0] if self.rank_exit(0).is_file() else []
+        return found + sorted(int(p.name.split(".")[1][4:]) for p in self.dir.glob("server.rank*.exit.json"))
 
 
 def _alive(pid: int) -> bool:
@@ -76,17 +91,65 @@ def _alive(pid: int) -> bool:
     return not (stat.is_file() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-def running(files: RunFiles) -> dict | None:
-    """What was started, while any of its ranks is alive (`ranks`: rank -> pid, alive);
-    stale pid files are removed once none is."""
-    pids = files.pids()
-    ranks = {rank: {"pid": pid, "alive": pid > 0 and _alive(pid)} for rank, pid in sorted(pids.items())}
-    if not any(r["alive"] for r in ranks.values()):
-        for rank in pids:
-            files.rank_pid(rank).unlink(missing_ok=True)
+def _exit_record(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
-    info = json.loads(files.info.read_text()) if files.info.is_file() else {}
-    return {**info, "pid": ranks.get(0, {}).get("pid"), "ranks": ranks}
+
+
+def _info(files: RunFiles) -> dict:
+    try:
+        return json.loads(files.info.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def rank_states(files: RunFiles) -> dict[int, dict]:
+    """rank -> {"pid", "alive", "exit"} for every rank a pid file or an exit record names since the
+    last start; exit is the reaper's record ({"code", "signal", "at"}) once the rank ended without
+    a stop, else None. Empty: nothing started, or stopped since."""
+    pids = files.pids()
+    states = {}
+    for rank in sorted({*pids, *files.exits()}):
+        record = _exit_record(files.rank_exit(rank))
+        pid = pids.get(rank, (record or {}).get("pid", 0))
+        # A record means it ended, whatever now holds its old pid.
+        states[rank] = {"pid": pid, "alive": record is None and pid > 0 and _alive(pid), "exit": record}
+    return states
+
+
+def ended(state: dict) -> str:
+    """How a rank that is not alive ended: `exit code -9 (SIGKILL) at 2025-01-02 03:04:05`."""
+    record = state.get("exit")
+    if not record:
+        return f"pid {state['pid']} is gone (no exit status recorded)"
+    sig = f" ({record['signal']})" if record.get("signal") else ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("at", 0)))
+    return f"exit code {record.get('code')}{sig} at {at}"
+
+
+def running(files: RunFiles) -> dict | None:
+    """What was started, while any of its ranks is alive (`ranks`: rank -> pid, alive, exit)."""
+    ranks = rank_states(files)
+    if not any(r["alive"] for r in ranks.values()):
+        return None
+    return {**_info(files), "pid": ranks.get(0, {}).get("pid"), "ranks": ranks}
+
+
+def crashed(files: RunFiles) -> dict | None:
+    """What was started, when no rank is alive but it was never stopped (rank_states' ranks)."""
+    ranks = rank_states(files)
+    if not ranks or any(r["alive"] for r in ranks.values()):
+        return None
+    return {**_info(files), "pid": ranks.get(0, {}).get("pid"), "ranks": ranks}
+
+
+def _clear(files: RunFiles) -> None:
+    """Forget every rank's pid and exit record (the logs stay)."""
+    for path in [files.pid, files.rank_exit(0), *files.dir.glob("server.rank*.pid"),
+                 *files.dir.glob("server.rank*.exit.json"), *files.dir.glob("server*.tmp")]:
+        path.unlink(missing_ok=True)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -135,8 +198,7 @@ def first_streamed_token(url: str, model: str, timeout: float = 10.0, headers: d
     # the first request it sees, and this probe must not choose them for the operator.
     body = {"model": model, "messages": [{"role": "user", "content": "ready?"}], "stream": True, "max_tokens": 1}
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout,
-                          headers=headers) as r:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout, headers=headers) as r:
             if r.status_code != 200:
                 return False
             for line in r.iter_lines():
@@ -176,32 +238,37 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progres
         raise LaunchError(f"rendezvous port {cfg.rdzv_port} on 127.0.0.1 is in use by another process; stop it "
                           f"or set RDZV_PORT= in {cfg.source}")
     files.dir.mkdir(parents=True, exist_ok=True)
-    for stale in files.dir.glob("server.rank*.*"):
+    _clear(files)
+    for stale in files.dir.glob("server.rank*.log"):
         stale.unlink()
-    procs = []
+    procs = []  # each rank's reaper; it writes the engine's pid file and, at its end, the exit record
     for rank in range(cfg.tp):
         with files.rank_log(rank).open("w") as log:
             env = {**engine_env(engine, cfg.knobs), **rank_env(cfg, rank),
                    **(cfg.engine_auth_env() if rank == 0 else {})}  # rank 0 serves HTTP
-            proc = subprocess.Popen(engine_command(cfg, model_path), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=files.dir)
-        files.rank_pid(rank).write_text(f"{proc.pid}\n")
-        procs.append(proc)
+            cmd = [sys.executable, "-I", str(REAPER), str(files.rank_pid(rank)), str(files.rank_exit(rank)), "--",
+                   *engine_command(cfg, model_path)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True, cwd=files.dir))
     info = {"url": cfg.url, "build_id": engine.build_id, "model": model_path, "knobs": cfg.knobs_on(),
-            "config": cfg.source, "started": int(time.time()), "tp": cfg.tp}
+            "config": cfg.source, "started": int(time.time()), "tp": cfg.tp, "reapers": [p.pid for p in procs]}
     files.info.write_text(json.dumps(info, indent=2) + "\n")
     progress(f"waiting for the first streamed token from {cfg.url} (log: {files.log})")
     deadline = time.monotonic() + cfg.ready_timeout
     while time.monotonic() < deadline:
         exited = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() is not None]
         if exited:
+            rank, code = exited[0]
+            record = _exit_record(files.rank_exit(rank)) or {}
+            code = f"{record['code']} ({record['signal']})" if record.get("signal") else record.get("code", code)
             stop(files)
-            what = "the engine" if cfg.tp == 1 else f"rank {exited[0][0]}"
+            what = "the engine" if cfg.tp == 1 else f"rank {rank}"
             also = "" if cfg.tp == 1 else "; every rank was stopped"
-            raise LaunchError(f"{what} exited with code {exited[0][1]} before it was ready{also}; "
+            raise LaunchError(f"{what} exited with code {code} before it was ready{also}; "
                               f"last log lines:\n{_tails(files, cfg.tp)}")
         if first_streamed_token(cfg.url, model_path, headers=cfg.auth_headers()):
-            return {**info, "pid": procs[0].pid, "ranks": {r: {"pid": p.pid, "alive": True} for r, p in enumerate(procs)}}
+            ranks = rank_states(files)
+            return {**info, "pid": ranks[0]["pid"], "ranks": ranks}
         time.sleep(1.0)
     stop(files)
     stopped = "the engine was stopped" if cfg.tp == 1 else "every rank was stopped"
@@ -210,34 +277,50 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progres
 
 
 def stop(files: RunFiles, grace: float = 15.0) -> list[int]:
-    """Stop every rank's whole process group. Returns the pids stopped (rank order), [] if none ran."""
+    """Stop every rank's whole process group, then forget the ranks (pid files and exit records, so
+    this stop is not taken for a crash). Returns the pids stopped (rank order), [] if none ran."""
     current = running(files)
     if not current:
+        _clear(files)
         return []
     pids = [r["pid"] for _, r in sorted(current["ranks"].items())]
+    alive = [r["pid"] for r in current["ranks"].values() if r["alive"]]  # a dead rank's pid may be another's now
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids:
+        for pid in alive:
             try:
                 os.killpg(pid, sig)
                 os.killpg(pid, signal.SIGCONT)  # a stopped (SIGSTOP) rank acts on SIGTERM only once resumed
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in alive):
             time.sleep(0.2)
-        if not any(_alive(pid) for pid in pids):
+        if not any(_alive(pid) for pid in alive):
             break
-    for rank in current["ranks"]:
-        files.rank_pid(rank).unlink(missing_ok=True)
+    # Each reaper writes its rank's exit record as the rank ends: wait for it, then remove it.
+    reapers = current.get("reapers", [])
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_alive(pid) for pid in reapers):
+        time.sleep(0.05)
+    _clear(files)
     return pids
 
 
-def health(url: str) -> str:
+def health(url: str, headers: dict | None = None) -> str:
+    """`ok`, `unhealthy (HTTP 503: cb_worker_dead)` (the reason the engine gives), or
+    `unreachable (ConnectError)`."""
     try:
-        r = httpx.get(f"{url}/health", timeout=5)
+        r = httpx.get(f"{url}/health", timeout=5, headers=headers)
     except httpx.HTTPError as e:
         return f"unreachable ({type(e).__name__})"
-    return "ok" if r.status_code == 200 else f"unhealthy (HTTP {r.status_code}: {r.text[:80]})"
+    if r.status_code == 200:
+        return "ok"
+    try:
+        body = r.json()
+        why = ": ".join(str(body[k]) for k in ("reason", "error") if body.get(k)) if isinstance(body, dict) else ""
+    except ValueError:
+        why = ""
+    return f"unhealthy (HTTP {r.status_code}: {(why or r.text)[:120]})"
 
 
 class Alternation:

@@ -206,7 +206,8 @@ def status(cfg: Config) -> tuple[int, list[tuple[str, str]], list[list[str]]]:
     if not any(r.container is not None for r in rs):
         return 3, [], rows
     up = all(row[3] == "running" for row in rows)
-    h = health(cfg.url) if any(r.node.rank == 0 and r.state == "running" for r in rs) else "head not running"
+    head_up = any(r.node.rank == 0 and r.state == "running" for r in rs)
+    h = health(cfg.url, headers=cfg.auth_headers()) if head_up else "head not running"
     summary = [("url", info.get("url", cfg.url)), ("build", info.get("build_id", "-")), ("model", info.get("model", "-")),
                ("context", _context(info.get("model", ""))), ("config", info.get("config", "-")),
                ("ranks", str(info.get("world_size", "-"))),

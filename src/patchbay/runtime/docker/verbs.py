@@ -7,8 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ... import ROOT
-from ...series.series import Series, SeriesError, load_usable
+from ...series.series import Series, load_usable
 from ...series.upstream import LOCK_PATH
 from ...verb import Fail, print_rows
 from ..config import Config
@@ -33,13 +32,9 @@ def base_image(mirror: str | None) -> int:
 
 def _config_text(cfg: Config) -> str:
     try:
-        return _source(cfg).read_text()[:8000]
+        return cfg.source_path.read_text()[:8000]
     except OSError:
         return ""
-
-
-def _source(cfg: Config) -> Path:
-    return ROOT / cfg.source if not Path(cfg.source).is_absolute() else Path(cfg.source)
 
 
 class Docker:
@@ -143,33 +138,27 @@ class Docker:
         pair.logs(self.cfg, rank, lines, follow, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
         return 0
 
-    def watch(self, interval: float, once: bool) -> int:
-        """Restart the pair when a rank died or the head failed three health checks in a row. The
-        config file is read again for each restart; the weights manifests live in their own Docker
-        volume."""
+    def watch(self, interval: float, once: bool, unhealthy: int = 3) -> int:
+        """Start the pair when none runs, restart it when a rank died or the head failed `unhealthy`
+        health checks in a row (runtime.watch's loop). The config file is read again for each
+        restart; the weights manifests live in their own Docker volume."""
         from .. import config as config_mod
-        from ..launch import LaunchError
+        from .. import watch as watchdog
         from . import pair
 
         self._need_docker()
-        source = _source(self.cfg)
-        bad = 0
-        while True:
+
+        def check() -> tuple[str, str]:
             code, summary, rows = pair.status(self.cfg)
-            health = dict(summary).get("health", "")
-            dead = code == 3 or any(r[3] != "running" for r in rows)
-            bad = bad + 1 if (dead or health != "ok") else 0
-            if dead or bad >= 3:
-                why = "no pair" if code == 3 else ", ".join(f"rank {r[0]} {r[3]}" for r in rows
-                                                            if r[3] != "running") or f"head health: {health}"
-                print(f"{time.strftime('%H:%M:%S')} watch: restarting the pair ({why})", flush=True)
-                try:
-                    self.cfg = config_mod.load(source)
-                    pair.stop(self.cfg)
-                    self.start()
-                    bad = 0
-                except (Fail, SeriesError, LaunchError, config_mod.ConfigError) as e:
-                    print(f"{time.strftime('%H:%M:%S')} watch: restart failed: {e}", flush=True)
-            if once:
-                return 0 if bad == 0 else 1
-            time.sleep(interval)
+            if code == 3:
+                return "no pair", ""
+            down = ", ".join(f"rank {r[0]} {r[3]}" for r in rows if r[3] != "running")
+            return down, dict(summary).get("health", "")
+
+        def restart() -> str:
+            self.cfg = config_mod.load(self.cfg.source_path)
+            pair.stop(self.cfg)
+            self.start()  # prints what serves
+            return "the pair was restarted"
+
+        return watchdog.loop(check, restart, "the pair", interval, unhealthy, once)
