@@ -98,8 +98,11 @@ def install(app) -> None:
         return response(400, message, code, field)
 
     async def _http(_request, exc):
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         status = 400 if exc.status_code == 422 else exc.status_code
+        if isinstance(exc.detail, list) and exc.detail and isinstance(exc.detail[0], dict) and "loc" in exc.detail[0]:
+            message, field, code = _validation_message(exc.detail)  # a handler's own pydantic check
+            return response(status, message, code, field)
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
         if status == 400 and detail.startswith("Unexpected fields"):
             code = "unknown_field"

@@ -26,6 +26,12 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class _Body(BaseModel):
+    # Unknown top-level fields are refused by name (upstream's check, answered 400 `unknown_field`),
+    # so the document says so; validation still lets them through to that check.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+
 class TextPart(_Open):
     type: StrictStr
     text: StrictStr | None = None
@@ -74,7 +80,7 @@ class StreamOptions(_Open):
     include_usage: StrictBool | None = None
 
 
-class _Sampling(_Open):
+class _Sampling(_Body):
     model: StrictStr | None = None
     max_tokens: MAX_TOKENS | None = None
     temperature: TEMPERATURE | None = None
@@ -104,6 +110,14 @@ class ChatCompletionRequest(_Sampling):
     top_k: StrictInt | None = None
     min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
     chat_template_kwargs: dict[StrictStr, Any] | None = None
+    # GLM's thinking switches (0070) and the vLLM-style grammar fields (0130), checked there.
+    reasoning_effort: StrictStr | None = None
+    thinking: dict[str, Any] | StrictBool | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -120,7 +134,7 @@ class ResponseInputMessage(_Open):
     content: StrictStr | list[dict[str, Any]] | None = None
 
 
-class ResponsesRequest(_Open):
+class ResponsesRequest(_Body):
     model: StrictStr | None = None
     input: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[ResponseInputMessage], Field(min_length=1)]
     instructions: StrictStr | None = None
@@ -151,7 +165,25 @@ def install(app, handlers: dict) -> None:
         if handler is None:
             continue
         app.post(path, name=f"pb_{name}")(_route(handler, model, Request))
+    app.post("/v1/audio/transcriptions", name="pb_transcriptions")(_transcriptions(handlers.get("transcription"),
+                                                                                   Request))
     app.openapi = lambda: _openapi(app)
+
+
+def _transcriptions(handler, Request):
+    """Upstream's transcription route, or a 400 saying why this server cannot transcribe (it
+    raised ImportError, a 500, for every call when python-multipart is missing)."""
+    import importlib.util
+
+    from . import errors
+
+    async def route(request: Request):
+        if handler is None or importlib.util.find_spec("python_multipart") is None:
+            return errors.response(400, "audio transcription is not available on this server (the python-multipart "
+                                   "package is not installed)", "route_unavailable")
+        return await handler.handle_request(request)
+
+    return route
 
 
 def _openapi(app) -> dict:

@@ -13,7 +13,7 @@ from .. import knobs
 
 
 def install(app, model_manager, chat_handler, completion_handler, response_handler=None,
-            generation_state=None) -> None:
+            generation_state=None, transcription_handler=None) -> None:
     if knobs.get("PB_TENSOR_PARALLEL"):
         from ..runtime import tp
 
@@ -30,7 +30,7 @@ def install(app, model_manager, chat_handler, completion_handler, response_handl
 
         errors.install(app)
         requests.install(app, {"chat": chat_handler, "completion": completion_handler,
-                               "response": response_handler})
+                               "response": response_handler, "transcription": transcription_handler})
     if knobs.get("PB_FAULT_ISOLATION") and generation_state is not None:
         from ..runtime import faults
 
