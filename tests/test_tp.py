@@ -131,6 +131,23 @@ def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
     assert "rank 1 of 2, gloo" in log1 and "follows rank 0's batches" in log1
 
 
+def listeners(pid: int) -> list[str]:
+    """The local addresses (ADDR:PORT) that process pid listens on, from `ss`."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def test_rendezvous_store_and_gloo_listen_on_master_addr_only(tp_server):
+    """torch's env:// store listened on every interface (`*:RDZV_PORT`); rank 0's now listens on
+    MASTER_ADDR (127.0.0.1 for the local runtime), and gloo binds the loopback on both ranks."""
+    info = launch.running(launch.RunFiles(tp_server.run_path))
+    rank0, rank1 = (listeners(info["ranks"][r]["pid"]) for r in (0, 1))
+    assert f"127.0.0.1:{tp_server.rdzv_port}" in rank0, rank0
+    assert not [a for a in rank0 + rank1 if not a.startswith("127.0.0.1:")], (rank0, rank1)
+    for rank in (0, 1):
+        assert "GLOO_SOCKET_IFNAME=lo" in launch.RunFiles(tp_server.run_path).rank_log(rank).read_text()
+
+
 def test_cli_tp2_status_logs_kill_rank1_gives_503_stop_leaves_nothing(tmp_path, patched_engine, tiny_model):
     run = tmp_path / "run"
     cfg = write_config(tmp_path, port=free_port(), rdzv_port=free_port(), tp=2, pb_tensor_parallel=1,
@@ -194,6 +211,8 @@ def test_start_is_atomic_on_readiness_timeout(tmp_path, patched_engine, tiny_mod
      ["RANK=2 must be below WORLD_SIZE=2"]),
     ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
      ["cannot split", "num_attention_heads=4 is not divisible by 3"]),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "198.51.100.7", "MASTER_PORT": "29500"},  # TEST-NET-2
+     ["rank 0 cannot listen on MASTER_ADDR=198.51.100.7 port 29500", "must be an address of rank 0's host"]),
 ])
 def test_engine_refuses_bad_tp_env_in_one_line(patched_engine, tiny_model, env, words):
     """Whoever starts the engine (patchbay, Docker, torchrun): one line, exit 2, before any rank joins."""

@@ -10,6 +10,10 @@ CB ties those to the first request), and follows rank 0's batches through upstre
 TP driver (`DistributedHelper`: rank 0 broadcasts new requests, every rank runs the same
 scheduler).
 
+A server reachable by others: rank 0's rendezvous store listens on MASTER_ADDR alone (torch's
+`env://` store listens on every interface), and gloo and nccl default to the interface that
+reaches MASTER_ADDR (an operator's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins).
+
 A dead peer never leaves a hung server: every rank runs a heartbeat, an all-reduce on a
 dedicated gloo group with a short timeout. A killed peer fails it at once (its sockets
 close), a hung or unreachable one after HEARTBEAT_TIMEOUT_S. Rank 0 then answers 503 on
@@ -24,6 +28,7 @@ import time
 from datetime import timedelta
 
 from .. import knobs
+from . import tp_net
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HEARTBEAT_INTERVAL_S = 0.5
@@ -127,10 +132,16 @@ def init(force_model: str | None, device: str, continuous_batching: bool, trust_
         torch.cuda.set_device(device_id)
     os.environ.setdefault("LOCAL_RANK", str(local_rank))  # the engine's mesh binds devices by it
     backend = "nccl" if use_cuda else "gloo"
-    sys.stderr.write(f"patchbay: tensor parallel: rank {rank} of {world_size}, {backend}, joining "
-                     f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\n")
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=JOIN_TIMEOUT_S), device_id=device_id)
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    sys.stderr.write(f"patchbay: tensor parallel: rank {rank} of {world_size}, {backend}, joining {addr}:{port} "
+                     f"({tp_net.default_interfaces(addr)})\n")
+    timeout = timedelta(seconds=JOIN_TIMEOUT_S)
+    try:
+        store = tp_net.rendezvous_store(rank, world_size, addr, port, timeout)
+    except tp_net.RendezvousError as e:
+        _refuse(str(e))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device_id)
     heartbeat_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S))
     state.rank, state.world_size = rank, world_size
     threading.Thread(target=_heartbeat, args=(heartbeat_group,), name="pb-tp-heartbeat", daemon=True).start()
