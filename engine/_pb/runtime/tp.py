@@ -11,8 +11,10 @@ TP driver (`DistributedHelper`: rank 0 broadcasts new requests, every rank runs 
 scheduler).
 
 A server reachable by others: rank 0's rendezvous store listens on MASTER_ADDR alone (torch's
-`env://` store listens on every interface), and gloo and nccl default to the interface that
-reaches MASTER_ADDR (an operator's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins).
+`env://` store listens on every interface), gloo and nccl default to the interface that reaches
+MASTER_ADDR (an operator's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins), and nothing a rank
+reads from another is unpickled: the configs and each step's new requests travel as checked
+plain data (tp_wire).
 
 A dead peer never leaves a hung server: every rank runs a heartbeat, an all-reduce on a
 dedicated gloo group with a short timeout. A killed peer fails it at once (its sockets
@@ -21,14 +23,13 @@ every route (health included) and fails the requests in flight; a follower exits
 """
 
 import os
-import pickle
 import sys
 import threading
 import time
 from datetime import timedelta
 
 from .. import knobs
-from . import tp_net
+from . import tp_net, tp_wire
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HEARTBEAT_INTERVAL_S = 0.5
@@ -231,7 +232,7 @@ def announce_cb(gen_config, cb_config) -> None:
     """Rank 0, before building its CB manager: hand its configs to the followers, which build theirs."""
     if not enabled():
         return
-    _store().set(_CB_INIT_KEY, pickle.dumps((gen_config, cb_config)))
+    _store().set(_CB_INIT_KEY, tp_wire.encode_configs(gen_config, cb_config))
 
 
 def watch(cb) -> None:
@@ -243,6 +244,22 @@ def watch(cb) -> None:
         lost = state.peer_lost
     if lost:
         _fail_in_flight(cb, RuntimeError(lost))
+
+
+def broadcast_step(helper, payload):
+    """A step's new requests and cancellations from rank 0 to every rank (upstream's
+    `tp_broadcast_object_from_rank_0`, which pickles), as tp_wire's checked plain data. A follower
+    that receives what it cannot decode says so and exits: rank 0's heartbeat then answers 503,
+    where waiting on would leave both ranks in mismatched collectives."""
+    try:
+        return tp_wire.broadcast(helper, payload)
+    except tp_wire.WireError as e:
+        if helper.is_tp_driver:
+            raise  # rank 0's CB loop fails its requests and stops; the followers were told
+        rank = helper.global_rank
+        sys.stderr.write(f"patchbay: tensor parallel: rank {rank} refuses what rank 0 sent and exits: {e}\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 class _NoNap:
@@ -271,7 +288,11 @@ def follow(model_manager) -> bool:
     sys.stderr.write(f"patchbay: tensor parallel: rank {state.rank} loaded the model; waiting for rank 0's first request\n")
     while not store.check([_CB_INIT_KEY]):
         time.sleep(0.1)
-    gen_config, cb_config = pickle.loads(store.get(_CB_INIT_KEY))
+    try:
+        gen_config, cb_config = tp_wire.decode_configs(store.get(_CB_INIT_KEY))
+    except tp_wire.WireError as e:
+        sys.stderr.write(f"patchbay: tensor parallel: rank {state.rank} refuses what rank 0 sent and exits: {e}\n")
+        raise SystemExit(1) from None
     manager = model.init_continuous_batching(generation_config=gen_config, continuous_batching_config=cb_config)
     # No request ever wakes a follower's idle loop, so upstream's 100 ms nap between idle rounds
     # held rank 0's next round (a collective) for up to 100 ms after a request arrived: a first
