@@ -2,19 +2,19 @@
 
 Every rank is started with the standard torch.distributed environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, optionally LOCAL_RANK) and the same command line. Each joins the
-process group (gloo on CPU, nccl on CUDA: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME work as
-in torch) and loads the model with the engine's own TP plan (`DistributedConfig`).
+process group (gloo on CPU, nccl on CUDA) and loads the model with the engine's own TP plan
+(`DistributedConfig`).
 Rank 0 serves HTTP. A rank > 0 opens no port: it waits for rank 0's first request, builds
 the continuous-batching manager with the same generation and batching configs (upstream's
 CB ties those to the first request), and follows rank 0's batches through upstream's own
-TP driver (`DistributedHelper`: rank 0 broadcasts new requests, every rank runs the same
-scheduler).
+TP driver (`DistributedHelper`: rank 0 broadcasts new requests, through tp_wire here, and every
+rank runs the same scheduler).
 
 A server reachable by others: rank 0's rendezvous store listens on MASTER_ADDR alone (torch's
 `env://` store listens on every interface), gloo and nccl default to the interface that reaches
 MASTER_ADDR (an operator's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins), and nothing a rank
 reads from another is unpickled: the configs and each step's new requests travel as checked
-plain data (tp_wire).
+plain data.
 
 A dead peer never leaves a hung server: every rank runs a heartbeat, an all-reduce on a
 dedicated gloo group with a short timeout. A killed peer fails it at once (its sockets
