@@ -6,21 +6,29 @@ sum the parts, which reorders float sums, so logits are not bit-identical. The c
 therefore (a) the greedy token ids of every exactness prompt through the HTTP API are equal
 (compared by `pb_fingerprint`, a hash of the token ids, and by text), and (b) teacher-forced
 |Δ logprob| of the reference texts stays at float32 rounding level (measured: max 9.5e-7).
+
+The ranks of `tp_server` run with tests/tp_guard first on their path, which logs every
+unpickling a rank does: what one rank sends another must never go through pickle.
 """
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from patchbay.measure import exact
 from patchbay.runtime import launch
+from patchbay.series import build
 
-from .conftest import ALL_ON, LOCAL, free_port
+from .conftest import ALL_ON, LOCAL, engine_environ, engine_job, free_port
 from .runtime.test_launch import assert_one_line_error, patchbay, write_config
 
 pytestmark = pytest.mark.engine
@@ -33,11 +41,30 @@ def tp_config(run_dir, **changes):
                                run_dir=str(run_dir), **changes)
 
 
+GUARD = Path(__file__).with_name("tp_guard")
+UNPICKLED = "unpickled.log"  # in the run folder: tests/tp_guard's log of every unpickling
+
+
+@dataclasses.dataclass
+class GuardedEngine:
+    """The patched engine with tests/tp_guard first on each rank's path, logging to `log`."""
+    engine: build.Engine
+    log: Path
+
+    @property
+    def build_id(self) -> str:
+        return self.engine.build_id
+
+    def env(self) -> dict[str, str]:
+        return {"PYTHONPATH": os.pathsep.join([str(GUARD), str(self.engine.site)]), "TP_GUARD_LOG": str(self.log)}
+
+
 @pytest.fixture(scope="module")
 def tp_server(patched_engine, tiny_model, tmp_path_factory):
     cfg = tp_config(tmp_path_factory.mktemp("run-tp2"))
     files = launch.RunFiles(cfg.run_path)
-    launch.start(cfg, patched_engine, tiny_model, files, progress=lambda *_: None)
+    launch.start(cfg, GuardedEngine(patched_engine, cfg.run_path / UNPICKLED), tiny_model, files,
+                 progress=lambda *_: None)
     yield cfg
     launch.stop(files)
 
@@ -132,6 +159,109 @@ def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
     assert "rank 1 of 2, gloo" in log1 and "follows rank 0's batches" in log1
 
 
+def test_the_guard_logs_torchs_unpickling_too(tmp_path):
+    """tests/tp_guard sees pickle.loads and the unpickler torch.distributed's object collectives
+    use (`broadcast_object_list`, which upstream's TP driver sends each step's requests with)."""
+    code = ("import io, pickle\nfrom torch.distributed import distributed_c10d as c10d\n"
+            "pickle.loads(pickle.dumps(1))\nc10d._unpickler(io.BytesIO(pickle.dumps(2))).load()\n")
+    log = tmp_path / UNPICKLED
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(GUARD), "TP_GUARD_LOG": str(log)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = log.read_text().splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["rank -: pickle.loads", "rank -: pickle.Unpickler.load"], lines
+
+
+def test_no_rank_unpickles_what_another_sends_while_serving(tp_server, tiny_model):
+    """New requests one at a time and several in one step, a stream the client drops (a
+    cancellation), then more: the configs and every step's payload reached rank 1 without a
+    single unpickling on either rank (tests/tp_guard logs each one, with where it came from)."""
+    for messages in exact.EXACTNESS_PROMPTS[:2]:
+        greedy(tp_server.url, tiny_model, messages)
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda m: greedy(tp_server.url, tiny_model, m), exact.EXACTNESS_PROMPTS[2:6]))
+    assert len(replies) == 4
+    body = {"model": tiny_model, "messages": exact.EXACTNESS_PROMPTS[6], "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", f"{tp_server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert next(line for line in r.iter_lines() if line.startswith("data: "))
+    greedy(tp_server.url, tiny_model, exact.EXACTNESS_PROMPTS[7])
+    files = launch.RunFiles(tp_server.run_path)
+    assert "follows rank 0's batches" in files.rank_log(1).read_text()
+    log = tp_server.run_path / UNPICKLED
+    unpickled = log.read_text() if log.exists() else ""
+    assert unpickled == "", f"ranks unpickled while serving:\n{unpickled[:3000]}"
+
+
+def listeners(pid: int) -> list[str]:
+    """The local addresses (ADDR:PORT) that process pid listens on, from `ss`."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def test_rendezvous_store_and_gloo_listen_on_master_addr_only(tp_server):
+    """torch's env:// store listened on every interface (`*:RDZV_PORT`); rank 0's now listens on
+    MASTER_ADDR (127.0.0.1 for the local runtime), and gloo binds the loopback on both ranks."""
+    info = launch.running(launch.RunFiles(tp_server.run_path))
+    rank0, rank1 = (listeners(info["ranks"][r]["pid"]) for r in (0, 1))
+    assert f"127.0.0.1:{tp_server.rdzv_port}" in rank0, rank0
+    assert not [a for a in rank0 + rank1 if not a.startswith("127.0.0.1:")], (rank0, rank1)
+    for rank in (0, 1):
+        assert "GLOO_SOCKET_IFNAME=lo" in launch.RunFiles(tp_server.run_path).rank_log(rank).read_text()
+
+
+def rank_pair(patched_engine, case: str, tmp_path: Path) -> list[subprocess.CompletedProcess]:
+    """tests/tp_wire_job.py as two gloo ranks: rank 0 sends CASE, rank 1 (tests/tp_guard on its
+    path) receives it through upstream's DistributedHelper with the knob on."""
+    port, job = free_port(), str(Path(__file__).with_name("tp_wire_job.py"))
+    env = engine_environ(patched_engine, PB_TENSOR_PARALLEL="1")
+    guard_log = tmp_path / UNPICKLED
+    guarded = {**env, "PYTHONPATH": os.pathsep.join([str(GUARD), env["PYTHONPATH"]]), "TP_GUARD_LOG": str(guard_log)}
+    procs = [subprocess.Popen([sys.executable, job, "rank", str(r), str(port), case], env=e, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r, e in ((0, env), (1, guarded))]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    unpickled = guard_log.read_text() if guard_log.exists() else ""
+    assert unpickled == "", f"rank 1 unpickled:\n{unpickled}"
+    return done
+
+
+def test_a_step_payload_crosses_between_ranks_as_plain_data(patched_engine, tmp_path):
+    rank0, rank1 = rank_pair(patched_engine, "states", tmp_path)
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
+    sent, got = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (rank0, rank1))
+    assert sent["same_objects"]  # rank 0 keeps its own states, as upstream's broadcast returns them
+    assert got["states"] == sent["states"] and got["cancelled"] == ["req_3"]
+
+
+@pytest.mark.parametrize("case,words", [
+    ("pickle", "rank 0's step payload is not JSON"),
+    ("badtype", "request 0.max_new_tokens: '9' is not int | None"),
+    ("sizes", "sizes 1099511627776 bytes, 3 tokens are out of range"),
+])
+def test_a_malformed_step_payload_is_refused_and_the_follower_exits(patched_engine, case, words, tmp_path):
+    """Bytes that are not what rank 0's encoder sends (a pickle among them, which upstream's
+    follower would have run) stop rank 1 with one line naming what is wrong, unpickled."""
+    rank0, rank1 = rank_pair(patched_engine, case, tmp_path)
+    assert rank0.returncode == 0, rank0.stderr[-2000:]
+    assert rank1.returncode == 1 and rank1.stdout == "", rank1.stderr[-2000:]
+    lines = [line for line in rank1.stderr.splitlines() if "refuses what rank 0 sent" in line]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in rank1.stderr, rank1.stderr[-2000:]
+
+
+def test_wire_encodings_rebuild_rank0s_objects_and_refuse_the_rest(patched_engine):
+    result = engine_job("tp_wire_job.py", patched_engine, "codec", PB_TENSOR_PARALLEL="1")
+    assert result["states_equal"] == [True, True] and result["cancelled"] == ["req_3"], result
+    assert result["gen_equal"] and result["cb_equal"] and result["none_cb"], result
+    for group in ("step_refusals", "config_refusals", "encode_refusals"):
+        accepted = [name for name, message in result[group].items() if message == "ACCEPTED"]
+        assert not accepted, f"{group}: accepted {accepted}: {result[group]}"
+    assert "is not JSON" in result["step_refusals"]["pickle"] and "is not JSON" in result["config_refusals"]["pickle"]
+    assert "unexpected fields ['__reduce__']" in result["step_refusals"]["extra field"]
+    assert "field position_offset is 3" in result["encode_refusals"]["stale state"]
+
+
 def test_cli_tp2_status_logs_kill_rank1_gives_503_stop_leaves_nothing(tmp_path, patched_engine, tiny_model):
     run = tmp_path / "run"
     cfg = write_config(tmp_path, port=free_port(), rdzv_port=free_port(), tp=2, pb_tensor_parallel=1,
@@ -195,6 +325,8 @@ def test_start_is_atomic_on_readiness_timeout(tmp_path, patched_engine, tiny_mod
      ["RANK=2 must be below WORLD_SIZE=2"]),
     ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
      ["cannot split", "num_attention_heads=4 is not divisible by 3"]),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "198.51.100.7", "MASTER_PORT": "29500"},  # TEST-NET-2
+     ["rank 0 cannot listen on MASTER_ADDR=198.51.100.7 port 29500", "must be an address of rank 0's host"]),
 ])
 def test_engine_refuses_bad_tp_env_in_one_line(patched_engine, tiny_model, env, words):
     """Whoever starts the engine (patchbay, Docker, torchrun): one line, exit 2, before any rank joins."""

@@ -2,13 +2,19 @@
 
 Every rank is started with the standard torch.distributed environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, optionally LOCAL_RANK) and the same command line. Each joins the
-process group (gloo on CPU, nccl on CUDA: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME work as
-in torch) and loads the model with the engine's own TP plan (`DistributedConfig`).
+process group (gloo on CPU, nccl on CUDA) and loads the model with the engine's own TP plan
+(`DistributedConfig`).
 Rank 0 serves HTTP. A rank > 0 opens no port: it waits for rank 0's first request, builds
 the continuous-batching manager with the same generation and batching configs (upstream's
 CB ties those to the first request), and follows rank 0's batches through upstream's own
-TP driver (`DistributedHelper`: rank 0 broadcasts new requests, every rank runs the same
-scheduler).
+TP driver (`DistributedHelper`: rank 0 broadcasts new requests, through tp_wire here, and every
+rank runs the same scheduler).
+
+A server reachable by others: rank 0's rendezvous store listens on MASTER_ADDR alone (torch's
+`env://` store listens on every interface), gloo and nccl default to the interface that reaches
+MASTER_ADDR (an operator's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins), and nothing a rank
+reads from another is unpickled: the configs and each step's new requests travel as checked
+plain data.
 
 A dead peer never leaves a hung server: every rank runs a heartbeat, an all-reduce on a
 dedicated gloo group with a short timeout. A killed peer fails it at once (its sockets
@@ -17,13 +23,13 @@ every route (health included) and fails the requests in flight; a follower exits
 """
 
 import os
-import pickle
 import sys
 import threading
 import time
 from datetime import timedelta
 
 from .. import knobs
+from . import tp_net, tp_wire
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HEARTBEAT_INTERVAL_S = 0.5
@@ -127,10 +133,16 @@ def init(force_model: str | None, device: str, continuous_batching: bool, trust_
         torch.cuda.set_device(device_id)
     os.environ.setdefault("LOCAL_RANK", str(local_rank))  # the engine's mesh binds devices by it
     backend = "nccl" if use_cuda else "gloo"
-    sys.stderr.write(f"patchbay: tensor parallel: rank {rank} of {world_size}, {backend}, joining "
-                     f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\n")
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=JOIN_TIMEOUT_S), device_id=device_id)
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    sys.stderr.write(f"patchbay: tensor parallel: rank {rank} of {world_size}, {backend}, joining {addr}:{port} "
+                     f"({tp_net.default_interfaces(addr)})\n")
+    timeout = timedelta(seconds=JOIN_TIMEOUT_S)
+    try:
+        store = tp_net.rendezvous_store(rank, world_size, addr, port, timeout)
+    except tp_net.RendezvousError as e:
+        _refuse(str(e))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device_id)
     heartbeat_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S))
     state.rank, state.world_size = rank, world_size
     threading.Thread(target=_heartbeat, args=(heartbeat_group,), name="pb-tp-heartbeat", daemon=True).start()
@@ -220,7 +232,7 @@ def announce_cb(gen_config, cb_config) -> None:
     """Rank 0, before building its CB manager: hand its configs to the followers, which build theirs."""
     if not enabled():
         return
-    _store().set(_CB_INIT_KEY, pickle.dumps((gen_config, cb_config)))
+    _store().set(_CB_INIT_KEY, tp_wire.encode_configs(gen_config, cb_config))
 
 
 def watch(cb) -> None:
@@ -232,6 +244,22 @@ def watch(cb) -> None:
         lost = state.peer_lost
     if lost:
         _fail_in_flight(cb, RuntimeError(lost))
+
+
+def broadcast_step(helper, payload):
+    """A step's new requests and cancellations from rank 0 to every rank (upstream's
+    `tp_broadcast_object_from_rank_0`, which pickles), as tp_wire's checked plain data. A follower
+    that receives what it cannot decode says so and exits: rank 0's heartbeat then answers 503,
+    where waiting on would leave both ranks in mismatched collectives."""
+    try:
+        return tp_wire.broadcast(helper, payload)
+    except tp_wire.WireError as e:
+        if helper.is_tp_driver:
+            raise  # rank 0's CB loop fails its requests and stops; the followers were told
+        rank = helper.global_rank
+        sys.stderr.write(f"patchbay: tensor parallel: rank {rank} refuses what rank 0 sent and exits: {e}\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 class _NoNap:
@@ -260,7 +288,11 @@ def follow(model_manager) -> bool:
     sys.stderr.write(f"patchbay: tensor parallel: rank {state.rank} loaded the model; waiting for rank 0's first request\n")
     while not store.check([_CB_INIT_KEY]):
         time.sleep(0.1)
-    gen_config, cb_config = pickle.loads(store.get(_CB_INIT_KEY))
+    try:
+        gen_config, cb_config = tp_wire.decode_configs(store.get(_CB_INIT_KEY))
+    except tp_wire.WireError as e:
+        sys.stderr.write(f"patchbay: tensor parallel: rank {state.rank} refuses what rank 0 sent and exits: {e}\n")
+        raise SystemExit(1) from None
     manager = model.init_continuous_batching(generation_config=gen_config, continuous_batching_config=cb_config)
     # No request ever wakes a follower's idle loop, so upstream's 100 ms nap between idle rounds
     # held rank 0's next round (a collective) for up to 100 ms after a request arrived: a first
