@@ -11,7 +11,7 @@ about them, as before. The handler is then given the body exactly as the client 
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints, model_validator
 
 SEED = Annotated[StrictInt, Field(ge=-(2**63), lt=2**64, description="a 64-bit integer")]
 MAX_TOKENS = Annotated[StrictInt, Field(ge=1)]
@@ -19,7 +19,30 @@ Number = Union[StrictInt, StrictFloat]
 TEMPERATURE = Annotated[Number, Field(ge=0)]
 TOP_P = Annotated[Number, Field(gt=0, le=1)]
 PENALTY = Annotated[Number, Field(ge=-2, le=2)]
+TOKEN_ID = Annotated[StrictStr, StringConstraints(pattern=r"^[0-9]{1,10}$")]  # a token id, as a JSON key
 STOP = Union[StrictStr, Annotated[list[StrictStr], Field(max_length=16)], None]
+
+
+def _generation_config(value):
+    """Upstream builds a GenerationConfig from this JSON text: refuse what it cannot build."""
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise ValueError(f"must be a JSON object of generation settings ({e})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("must be a JSON object of generation settings")
+    from transformers import GenerationConfig
+
+    try:
+        GenerationConfig(**parsed).validate()
+    except Exception as e:  # what GenerationConfig raises for a bad setting varies
+        raise ValueError(f"is not a valid generation config ({e})") from None
+    return value
+
+
+GENERATION_CONFIG = Annotated[StrictStr, AfterValidator(_generation_config)]
 
 
 class _Open(BaseModel):
@@ -92,9 +115,9 @@ class _Sampling(_Body):
     n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
     presence_penalty: PENALTY | None = None
     frequency_penalty: PENALTY | None = None
-    logit_bias: dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]] | None = None
+    logit_bias: dict[TOKEN_ID, Annotated[Number, Field(ge=-100, le=100)]] | None = None
     user: StrictStr | None = None
-    generation_config: StrictStr | None = None
+    generation_config: GENERATION_CONFIG | None = None
     pb_knobs: dict[StrictStr, Any] | None = None
 
 
@@ -109,7 +132,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     top_k: StrictInt | None = None
     min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
-    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    chat_template_kwargs: dict[StrictStr, Any] = None  # not null: upstream merges it into a dict
     # GLM's thinking switches (0070) and the vLLM-style grammar fields (0130), checked there.
     reasoning_effort: StrictStr | None = None
     thinking: dict[str, Any] | StrictBool | None = None
@@ -128,15 +151,26 @@ class CompletionRequest(_Sampling):
     best_of: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
 
 
-class ResponseInputMessage(_Open):
-    role: Literal["system", "developer", "user", "assistant"] | None = None
+class ContentPart(_Open):
+    type: StrictStr
+
+
+class ResponseInputItem(_Open):
+    """A message (`role`), a content part or a tool-call item (`type`): upstream reads one of the two."""
+    role: Literal["system", "developer", "user", "assistant", "tool"] | None = None
     type: StrictStr | None = None
-    content: StrictStr | list[dict[str, Any]] | None = None
+    content: StrictStr | list[ContentPart] | None = None
+
+    @model_validator(mode="after")
+    def _role_or_type(self):
+        if self.role is None and self.type is None:
+            raise ValueError("an input item needs a 'role' (a message) or a 'type' (a content part or tool item)")
+        return self
 
 
 class ResponsesRequest(_Body):
     model: StrictStr | None = None
-    input: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[ResponseInputMessage], Field(min_length=1)]
+    input: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[ResponseInputItem], Field(min_length=1)]
     instructions: StrictStr | None = None
     max_output_tokens: MAX_TOKENS | None = None
     temperature: TEMPERATURE | None = None
@@ -145,8 +179,8 @@ class ResponsesRequest(_Body):
     stream: StrictBool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
-    parallel_tool_calls: StrictBool | None = None
-    generation_config: StrictStr | None = None
+    parallel_tool_calls: StrictBool = None  # not null: upstream copies it into its Response object
+    generation_config: GENERATION_CONFIG | None = None
     pb_knobs: dict[StrictStr, Any] | None = None
 
 
