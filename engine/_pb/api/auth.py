@@ -16,8 +16,6 @@ import hmac
 import os
 import sys
 
-from .. import knobs
-
 ADMIN_PATHS = ("/load_model", "/reset")
 
 
