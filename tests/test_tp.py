@@ -42,6 +42,7 @@ def tp_config(run_dir, **changes):
 
 
 GUARD = Path(__file__).with_name("tp_guard")
+ADMIN_KEY = "tp-admin-key"
 UNPICKLED = "unpickled.log"  # in the run folder: tests/tp_guard's log of every unpickling
 
 
@@ -61,7 +62,9 @@ class GuardedEngine:
 
 @pytest.fixture(scope="module")
 def tp_server(patched_engine, tiny_model, tmp_path_factory):
-    cfg = tp_config(tmp_path_factory.mktemp("run-tp2"))
+    run = tmp_path_factory.mktemp("run-tp2")
+    (run / "admin-key").write_text(f"{ADMIN_KEY}\n")  # 0550: the admin routes exist only with a key
+    cfg = tp_config(run, admin_key_file=str(run / "admin-key"))
     files = launch.RunFiles(cfg.run_path)
     launch.start(cfg, GuardedEngine(patched_engine, cfg.run_path / UNPICKLED), tiny_model, files,
                  progress=lambda *_: None)
@@ -383,6 +386,7 @@ def test_hung_rank1_fails_requests_in_flight_and_answers_503(tmp_path, patched_e
 @pytest.mark.parametrize("path", ["/v1/systemone", "/reset", "/load_model"])
 def test_rank0_only_routes_answer_501_and_leave_the_pair_serving(tp_server, tiny_model, path):
     """These would run or reload the model on rank 0 alone; rank 1 would never join: refused."""
-    r = httpx.post(f"{tp_server.url}{path}", json={"model": tiny_model, "messages": [], "input": "x"}, timeout=10)
+    r = httpx.post(f"{tp_server.url}{path}", json={"model": tiny_model, "messages": [], "input": "x"}, timeout=10,
+                   headers={"Authorization": f"Bearer {ADMIN_KEY}"} if path in ("/reset", "/load_model") else {})
     assert r.status_code == 501 and "not available with tensor parallelism" in r.text
     assert launch.first_streamed_token(tp_server.url, tiny_model)

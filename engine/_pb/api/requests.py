@@ -136,11 +136,11 @@ class ChatCompletionRequest(_Sampling):
     # GLM's thinking switches (0070) and the vLLM-style grammar fields (0130), checked there.
     reasoning_effort: StrictStr | None = None
     thinking: dict[str, Any] | StrictBool | None = None
-    guided_json: dict[str, Any] | StrictStr | None = None
-    guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
-    guided_grammar: StrictStr | None = None
-    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None  # these five: 0130 checks them and names what it accepts
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
 
 class CompletionRequest(_Sampling):

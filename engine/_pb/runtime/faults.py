@@ -12,7 +12,9 @@ stays fatal (the ranks' heartbeat, 0200, already ends the group).
 
 `watch` runs in the HTTP process: when the worker has died it logs why and exits with
 EXIT_CODE, so `serve.sh watch` / the container's restart policy brings a fresh server up
-instead of one that lingers half alive.
+instead of one that lingers half alive. Not under tensor parallelism: there a dead worker
+follows a lost peer, which 0200 already answers (503 `tp_peer_lost` on rank 0, the follower
+exits) and `status` / `watch` see as a dead rank.
 """
 
 import logging
@@ -103,8 +105,8 @@ def fail_step(batch_processor, error: Exception) -> list[str]:
 
 def watch(generation_state, exit=os._exit) -> threading.Thread | None:
     """Exit the process when the batching worker has died (started with the app)."""
-    if not on():
-        return None
+    if not on() or knobs.get("PB_TENSOR_PARALLEL"):
+        return None  # under TP, 0200 owns a lost peer: rank 0 answers 503 and the follower exits
 
     def run() -> None:
         while True:
