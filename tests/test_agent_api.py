@@ -93,6 +93,30 @@ def test_streamed_tool_call_has_the_openai_delta_shape(agent):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def streamed_calls(stream) -> list[tuple[str, dict]]:
+    """A stream's tool calls, from their deltas (the arguments must join to JSON)."""
+    names, arguments = {}, {}
+    for chunk in stream:
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if tc.function.name:
+                names[tc.index] = tc.function.name
+            arguments[tc.index] = arguments.get(tc.index, "") + (tc.function.arguments or "")
+    return [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+
+
+# A value holding GLM markup (say, code that writes a call): only `</arg_value>` before the
+# call's next part ends it.
+MARKUP_VALUE = "x<arg_key>k</arg_key>\n<arg_value>v</arg_value> <tool_call><think>"
+
+
+def test_markup_inside_an_argument_value_survives(agent):
+    text = ("<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>" + MARKUP_VALUE + "</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>")
+    expected = [("weather", {"city": MARKUP_VALUE, "days": 3})]
+    assert calls(chat(agent, tools=[WEATHER], extra_body=forced(text))) == expected
+    assert streamed_calls(chat(agent, tools=[WEATHER], stream=True, extra_body=forced(text))) == expected
+
+
 def test_parser_off_is_upstream(agent):
     r = chat(agent, tools=[WEATHER], extra_body=forced(PB_GLM_PARSER=0))
     message = r.choices[0].message
