@@ -468,6 +468,23 @@ def test_tool_choice_required_and_named_are_enforced(agent):
     assert len(calls(single)) == 1 and single.choices[0].finish_reason == "tool_calls"
 
 
+def test_a_tool_grammar_s_padding_is_not_part_of_a_value(agent):
+    # xgrammar's GLM structure admits one whitespace character just inside each side of a value;
+    # a reply that uses it (forced here, under a named tool_choice) still meets maxLength and enum.
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}}}}}
+    text = ("<tool_call>weather<arg_key>city</arg_key><arg_value>Copenhagen12\n</arg_value>"
+            "<arg_key>unit</arg_key><arg_value> c</arg_value></tool_call>")
+    kw = {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "weather"}},
+          "reasoning_effort": "none", "extra_body": forced(text)}
+    expected = [("weather", {"city": "Copenhagen12", "unit": "c"})]
+    assert calls(chat(agent, **kw)) == expected
+    assert streamed_calls(chat(agent, stream=True, **kw)) == expected
+    # Without a grammar the same reply is read as written.
+    free = {**kw, "tool_choice": "auto"}
+    assert calls(chat(agent, **free)) == [("weather", {"city": "Copenhagen12\n", "unit": " c"})]
+
+
 def test_tool_choice_none_forbids_calls(agent):
     opener = {str(agent_token_id(agent, "<tool_call>")): 100}
     assert calls(tool_chat(agent, logit_bias=opener))  # the nudge alone makes a call (auto)

@@ -225,6 +225,19 @@ REPLIES = {
     "prompt-opened-thinking": ("Need it.\n\n<tool_call>now\n</tool_call>\n<tool_call>weather\n"
                                "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
                                ("Need it.\n", "", [("now", {}), OSLO]), {"in_reasoning": True}),
+    # A tool grammar's one whitespace character just inside each side of a value is padding.
+    "grammar-padding": ("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo\n</arg_value>\n"
+                        "<arg_key>unit</arg_key><arg_value>c </arg_value><arg_key>code</arg_key>"
+                        "<arg_value>  a  </arg_value><arg_key>note</arg_key><arg_value> </arg_value>"
+                        "<arg_key>days</arg_key><arg_value> 3\n</arg_value></tool_call>",
+                        (None, "", [("weather", {"city": "Oslo", "unit": "c", "code": " a ", "note": "",
+                                                 "days": 3})]), {"padded": True}),
+    "no-grammar-no-padding": ("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo\n</arg_value>"
+                              "<arg_key>unit</arg_key><arg_value>c </arg_value></tool_call>",
+                              (None, "", [("weather", {"city": " Oslo\n", "unit": "c "})]), {}),
+    "padded-value-with-markup": ("<tool_call>weather<arg_key>city</arg_key><arg_value>\na</arg_value> b\n"
+                                 "</arg_value>\n</tool_call>",
+                                 (None, "", [("weather", {"city": "a</arg_value> b"})]), {"padded": True}),
     # The reply's end (or an end-of-turn token) is as good as the call's next part.
     "end-value-at-the-end": ("<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>\n",
                              (None, "", [OSLO]), {}),
@@ -256,3 +269,8 @@ def test_a_value_streams_up_to_the_tag_that_decides(glm):
     assert streamed("_value>c") == "</arg_value>\\n<arg_value>c"  # text
     assert streamed("</arg_value><arg_key>days</arg_key><arg_value>4</arg_value>") == '", "days": '
     assert streamed("</tool_call>") == "4}"  # a typed value goes out once it is known to end
+    padded = glm.GlmParser(TOOLS, padded=True)
+    events = padded.feed("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo ")
+    assert "".join(e[2] for e in events if e[0] == "args") == '{"city": "Oslo'  # the pad may end it
+    events = padded.feed("now</arg_value>")
+    assert "".join(e[2] for e in events if e[0] == "args") == " now"

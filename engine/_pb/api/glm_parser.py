@@ -28,6 +28,12 @@ and those only where the call's own structure can go on after them (whitespace a
   the reply: the model left out `</arg_value>`.
 Until what follows the tag decides, the value streams up to the tag and no further.
 
+The template writes a value exactly, with nothing around it, so a string value is kept as
+written. Where a tool grammar shaped the reply (`padded`), xgrammar's GLM structure admits
+one whitespace character just inside each side of a value as padding: that one is not part
+of the value (or a grammar's enum or maxLength would not hold for what the client gets),
+so the last whitespace character of a string value streams only once the value goes on.
+
 Edge cases, by rule:
 - A call opened inside thinking that was never closed ends the thinking there; the newline
   the template writes before `<tool_call>` is not reasoning, as it is not content.
@@ -52,6 +58,7 @@ TAGS = (THINK, END_THINK, CALL, END_CALL, KEY, END_KEY, VALUE, END_VALUE, *ENDS)
 # after a `</tool_call>` that closes a value left without `</arg_value>`.
 AFTER_VALUE = (KEY, END_CALL, *ENDS)
 AFTER_OPEN_VALUE = (CALL, *ENDS)
+PAD = " \n\r\t"  # xgrammar's whitespace
 
 
 class _Call:
@@ -68,7 +75,8 @@ class _Call:
 
 
 class GlmParser:
-    def __init__(self, tools: list | None = None, in_reasoning: bool = False):
+    def __init__(self, tools: list | None = None, in_reasoning: bool = False, padded: bool = False):
+        self.padded = padded
         self.tools = {}
         for tool in tools or []:
             fn = tool.get("function", tool) if isinstance(tool, dict) else {}
@@ -262,10 +270,19 @@ class GlmParser:
         if text:
             self.events.append(("args", self.call.index, text))
 
+    def _value_text(self) -> str:
+        """The current value without the grammar's padding (a pad still at the end is held)."""
+        text = self.call.value
+        if self.padded:
+            text = text[1:] if text[:1] and text[0] in PAD else text
+            text = text[:-1] if text and text[-1] in PAD else text
+        return text
+
     def _stream_value(self) -> None:
         call = self.call
-        self._args(json.dumps(call.value[call.shown:], ensure_ascii=False)[1:-1])
-        call.shown = len(call.value)
+        text = self._value_text()
+        self._args(json.dumps(text[call.shown:], ensure_ascii=False)[1:-1])
+        call.shown = len(text)
 
     def _start_value(self) -> None:
         call = self.call
@@ -282,7 +299,7 @@ class GlmParser:
     def _close_value(self) -> None:
         call = self.call
         schema, root = schema_types.param_schema(self.tools.get(call.name), call.key)
-        value = schema_types.convert(call.value, schema, root)
+        value = schema_types.convert(self._value_text(), schema, root)
         call.args[call.key] = value
         if call.text_value:
             self._stream_value()
@@ -342,9 +359,9 @@ def _partial_tail(buf: str, tags) -> int:
     return longest
 
 
-def parse(text: str, tools=None, in_reasoning: bool = False, truncated: bool = False) -> dict:
+def parse(text: str, tools=None, in_reasoning: bool = False, truncated: bool = False, padded: bool = False) -> dict:
     """A whole reply at once: {"content", "reasoning", "calls": [(name, args)]}."""
-    parser = GlmParser(tools, in_reasoning=in_reasoning)
+    parser = GlmParser(tools, in_reasoning=in_reasoning, padded=padded)
     events = parser.feed(text) + parser.finish(truncated)
     return collect(events)
 
