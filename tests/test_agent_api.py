@@ -93,6 +93,30 @@ def test_streamed_tool_call_has_the_openai_delta_shape(agent):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def streamed_calls(stream) -> list[tuple[str, dict]]:
+    """A stream's tool calls, from their deltas (the arguments must join to JSON)."""
+    names, arguments = {}, {}
+    for chunk in stream:
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if tc.function.name:
+                names[tc.index] = tc.function.name
+            arguments[tc.index] = arguments.get(tc.index, "") + (tc.function.arguments or "")
+    return [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+
+
+# A value holding GLM markup (say, code that writes a call): only `</arg_value>` before the
+# call's next part ends it.
+MARKUP_VALUE = "x<arg_key>k</arg_key>\n<arg_value>v</arg_value> <tool_call><think>"
+
+
+def test_markup_inside_an_argument_value_survives(agent):
+    text = ("<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>" + MARKUP_VALUE + "</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>")
+    expected = [("weather", {"city": MARKUP_VALUE, "days": 3})]
+    assert calls(chat(agent, tools=[WEATHER], extra_body=forced(text))) == expected
+    assert streamed_calls(chat(agent, tools=[WEATHER], stream=True, extra_body=forced(text))) == expected
+
+
 def test_parser_off_is_upstream(agent):
     r = chat(agent, tools=[WEATHER], extra_body=forced(PB_GLM_PARSER=0))
     message = r.choices[0].message
@@ -442,6 +466,23 @@ def test_tool_choice_required_and_named_are_enforced(agent):
     assert calls(tool_chat(agent, tool_choice={"type": "function", "function": {"name": "now"}})) == [("now", {})]
     single = tool_chat(agent, tool_choice="required", parallel_tool_calls=False)
     assert len(calls(single)) == 1 and single.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_grammar_s_padding_is_not_part_of_a_value(agent):
+    # xgrammar's GLM structure admits one whitespace character just inside each side of a value;
+    # a reply that uses it (forced here, under a named tool_choice) still meets maxLength and enum.
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}}}}}
+    text = ("<tool_call>weather<arg_key>city</arg_key><arg_value>Copenhagen12\n</arg_value>"
+            "<arg_key>unit</arg_key><arg_value> c</arg_value></tool_call>")
+    kw = {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "weather"}},
+          "reasoning_effort": "none", "extra_body": forced(text)}
+    expected = [("weather", {"city": "Copenhagen12", "unit": "c"})]
+    assert calls(chat(agent, **kw)) == expected
+    assert streamed_calls(chat(agent, stream=True, **kw)) == expected
+    # Without a grammar the same reply is read as written.
+    free = {**kw, "tool_choice": "auto"}
+    assert calls(chat(agent, **free)) == [("weather", {"city": "Copenhagen12\n", "unit": " c"})]
 
 
 def test_tool_choice_none_forbids_calls(agent):

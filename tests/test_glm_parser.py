@@ -2,10 +2,12 @@
 
 The modules are loaded from the built engine's `transformers/_pb/` as a package of their
 own: they import nothing else of transformers, so no model or server is needed. Each case
-runs twice: the whole reply at once, and fed one character at a time as a stream would.
+runs whole and as a stream: one character at a time, split in two at every point, and in
+random pieces; every way gives the same result.
 """
 
 import json
+import random
 
 import pytest
 
@@ -38,20 +40,31 @@ def glm(patched_engine):
     return engine_module(patched_engine, "api.glm_parser")
 
 
-def both_ways(glm, text, truncated=False, in_reasoning=False):
+def chunkings(text):
+    """Ways a stream can cut `text`: per character, in two at every point, in random pieces."""
+    yield list(text)
+    for i in range(1, len(text)):
+        yield [text[:i], text[i:]]
+    rng = random.Random(text)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12)))) if len(text) > 1 else []
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def both_ways(glm, text, truncated=False, in_reasoning=False, **kw):
     """Parse whole and streamed; they must agree (stray </think> aside, see its test)."""
-    whole = glm.parse(text, TOOLS, in_reasoning=in_reasoning, truncated=truncated)
-    parser = glm.GlmParser(TOOLS, in_reasoning=in_reasoning)
-    events = []
-    for ch in text:
-        events += parser.feed(ch)
-    events += parser.finish(truncated)
-    streamed = glm.collect(events)
-    assert streamed == whole
-    # The streamed argument pieces of each completed call join to its JSON arguments.
-    for index, args in [(e[1], e[2]) for e in events if e[0] == "end"]:
-        pieces = "".join(e[2] for e in events if e[0] == "args" and e[1] == index)
-        assert json.loads(pieces) == args
+    whole = glm.parse(text, TOOLS, in_reasoning=in_reasoning, truncated=truncated, **kw)
+    for pieces in chunkings(text):
+        parser = glm.GlmParser(TOOLS, in_reasoning=in_reasoning, **kw)
+        events = []
+        for piece in pieces:
+            events += parser.feed(piece)
+        events += parser.finish(truncated)
+        assert glm.collect(events) == whole, pieces
+        # The streamed argument pieces of each completed call join to its JSON arguments.
+        for index, args in [(e[1], e[2]) for e in events if e[0] == "end"]:
+            streamed = "".join(e[2] for e in events if e[0] == "args" and e[1] == index)
+            assert streamed == json.dumps(args, ensure_ascii=False), pieces
     return whole, events
 
 
@@ -149,3 +162,115 @@ def test_partial_tags_are_held_until_known(glm):
     parser = glm.GlmParser(TOOLS)
     assert parser.feed("Hello <tool") == [("content", "Hello ")]
     assert parser.feed("box>") == [("content", "<toolbox>")]  # not a tag after all
+
+
+# ---- what the models' templates write ------------------------------------------------------
+# An assistant turn as GLM-4.5's chat template renders it (a newline before each part of a
+# call) and as GLM-4.7's does (none): a string value as it is, any other as JSON, nothing
+# around either. Parsing a rendering gives back the message, whatever markup its values hold.
+
+
+def render(style, reasoning=None, content="", calls=()):
+    nl = "\n" if style == "glm45" else ""
+    out = f"{nl}<think>{reasoning}</think>" if reasoning is not None else ""
+    out += nl + content if content else ""
+    for name, args in calls:
+        out += f"{nl}<tool_call>{name}{nl}"
+        for k, v in args.items():
+            v = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+            out += f"<arg_key>{k}</arg_key>{nl}<arg_value>{v}</arg_value>{nl}"
+        out += "</tool_call>"
+    return out
+
+
+MESSAGES = {
+    "arg-key-in-a-value": ("Look it up.", "", [("weather", {"city": "a<arg_key>b</arg_key>c", "days": 2})]),
+    "arg-key-ends-a-value": (None, "", [("weather", {"city": "Oslo<arg_key>", "days": 3, "code": "0042"})]),
+    "end-value-in-a-value": (None, "", [("weather", {"city": "x</arg_value>y", "code": "</arg_value>"})]),
+    "end-value-then-space": (None, "", [("weather", {"city": "x</arg_value> <arg_value>y",
+                                                     "code": "z</arg_value>\n"})]),
+    "every-tag-in-a-value": (None, "", [("weather", {"city": "<tool_call>f</tool_call><think>t</think>"
+                                                            "<arg_value>v</arg_key>x"})]),
+    "markup-in-json-values": (None, "", [("weather", {"where": {"html": "<arg_key>k</arg_key><arg_value>v</arg_value>"},
+                                                      "tags": ["</arg_value>", "<arg_key>"], "days": 7})]),
+    "whitespace-of-values": (None, "", [("weather", {"city": "  Beijing  ", "note": "\nline\n", "code": " ",
+                                                     "unit": "\t"})]),
+    "empty-value": (None, "", [("weather", {"city": "", "days": 1})]),
+    "typed-values": ("Numbers.", "", [("weather", {"days": 7, "ratio": 0.25, "flag": False, "maybe": None,
+                                                   "level": 2, "undeclared": "{\"a\": 1}"})]),
+    "several-calls": ("Two cities.", "Checking both.", [
+        ("weather", {"city": "a"}), ("now", {}), ("weather", {"city": "b</tool_call>c", "days": 1}),
+        ("weather", {"city": "<tool_call>d"})]),
+    "no-call": ("Just say hi.", "Hi there.", []),
+}
+
+
+@pytest.mark.parametrize("style", ["glm45", "glm47"])
+@pytest.mark.parametrize("case", MESSAGES, ids=str)
+def test_a_rendered_message_parses_back(glm, case, style):
+    reasoning, content, calls = MESSAGES[case]
+    text = render(style, reasoning, content, calls)
+    whole, _ = both_ways(glm, text)
+    assert whole == {"reasoning": reasoning or "", "content": content, "calls": calls}
+
+
+# Replies no template renders, as models write them: (text, what it parses to, parser settings).
+OSLO = ("weather", {"city": "Oslo"})
+REPLIES = {
+    # A call ends thinking the model never closed; the newline before it is the template's.
+    "unclosed-thinking-glm45": ("\n<think>Need the weather.\n<tool_call>weather\n<arg_key>city</arg_key>\n"
+                                "<arg_value>Oslo</arg_value>\n</tool_call>", ("Need the weather.", "", [OSLO]), {}),
+    "unclosed-thinking-glm47": ("<think>Need the weather.<tool_call>weather<arg_key>city</arg_key>"
+                                "<arg_value>Oslo</arg_value></tool_call>", ("Need the weather.", "", [OSLO]), {}),
+    "prompt-opened-thinking": ("Need it.\n\n<tool_call>now\n</tool_call>\n<tool_call>weather\n"
+                               "<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+                               ("Need it.\n", "", [("now", {}), OSLO]), {"in_reasoning": True}),
+    # A tool grammar's one whitespace character just inside each side of a value is padding.
+    "grammar-padding": ("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo\n</arg_value>\n"
+                        "<arg_key>unit</arg_key><arg_value>c </arg_value><arg_key>code</arg_key>"
+                        "<arg_value>  a  </arg_value><arg_key>note</arg_key><arg_value> </arg_value>"
+                        "<arg_key>days</arg_key><arg_value> 3\n</arg_value></tool_call>",
+                        (None, "", [("weather", {"city": "Oslo", "unit": "c", "code": " a ", "note": "",
+                                                 "days": 3})]), {"padded": True}),
+    "no-grammar-no-padding": ("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo\n</arg_value>"
+                              "<arg_key>unit</arg_key><arg_value>c </arg_value></tool_call>",
+                              (None, "", [("weather", {"city": " Oslo\n", "unit": "c "})]), {}),
+    "padded-value-with-markup": ("<tool_call>weather<arg_key>city</arg_key><arg_value>\na</arg_value> b\n"
+                                 "</arg_value>\n</tool_call>",
+                                 (None, "", [("weather", {"city": "a</arg_value> b"})]), {"padded": True}),
+    # The reply's end (or an end-of-turn token) is as good as the call's next part.
+    "end-value-at-the-end": ("<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>\n",
+                             (None, "", [OSLO]), {}),
+    "end-value-at-an-end-token": ("<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+                                  "<|observation|>", (None, "", [OSLO]), {}),
+    "missing-end-value-at-an-end-token": ("<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</tool_call>"
+                                          "\n<|observation|>", (None, "", [OSLO]), {}),
+    "end-value-then-text": ("<tool_call>weather<arg_key>city</arg_key><arg_value>a</arg_value>\n b</arg_value>"
+                            "</tool_call>", (None, "", [("weather", {"city": "a</arg_value>\n b"})]), {}),
+}
+
+
+@pytest.mark.parametrize("case", REPLIES, ids=str)
+def test_replies_as_models_write_them(glm, case):
+    text, (reasoning, content, calls), settings = REPLIES[case]
+    whole, _ = both_ways(glm, text, **settings)
+    assert whole == {"reasoning": reasoning or "", "content": content, "calls": calls}
+
+
+def test_a_value_streams_up_to_the_tag_that_decides(glm):
+    parser = glm.GlmParser(TOOLS)
+
+    def streamed(piece):
+        return "".join(e[2] for e in parser.feed(piece) if e[0] == "args")
+
+    assert streamed("<tool_call>weather<arg_key>city</arg_key><arg_value>a<arg_key>b") == '{"city": "a<arg_key>b'
+    assert streamed("</arg_value>") == ""  # the value's end, or text of it
+    assert streamed("\n<arg") == ""  # ... still either
+    assert streamed("_value>c") == "</arg_value>\\n<arg_value>c"  # text
+    assert streamed("</arg_value><arg_key>days</arg_key><arg_value>4</arg_value>") == '", "days": '
+    assert streamed("</tool_call>") == "4}"  # a typed value goes out once it is known to end
+    padded = glm.GlmParser(TOOLS, padded=True)
+    events = padded.feed("<tool_call>weather<arg_key>city</arg_key><arg_value> Oslo ")
+    assert "".join(e[2] for e in events if e[0] == "args") == '{"city": "Oslo'  # the pad may end it
+    events = padded.feed("now</arg_value>")
+    assert "".join(e[2] for e in events if e[0] == "args") == " now"

@@ -127,7 +127,7 @@ class Reply:
     """One request's generation: tokens in, parser events out."""
 
     def __init__(self, request_id: str, tokenizer, input_ids: list[int], tools, model, max_new_tokens,
-                 spec=None, stops=(), eos=None):
+                 spec=None, stops=(), eos=None, padded=False):
         from tokenizers.decoders import DecodeStream
 
         self.request_id = request_id
@@ -138,8 +138,9 @@ class Reply:
         self.decoder = DecodeStream([], skip_special_tokens=False)
         prompt_tail = tokenizer.decode(input_ids[-8:]) if input_ids else ""
         opens_thinking = prompt_tail.rstrip().endswith(glm_parser.THINK)
-        self.tools, self.opens_thinking = tools, opens_thinking
-        self.parser = glm_parser.GlmParser(tools, in_reasoning=opens_thinking) if parses(model) else None
+        self.tools, self.opens_thinking, self.padded = tools, opens_thinking, padded
+        self.parser = (glm_parser.GlmParser(tools, in_reasoning=opens_thinking, padded=padded)
+                       if parses(model) else None)
         self.spec, self.stops = spec, tuple(stops)
         # End-of-turn tokens end the reply; they are never text of it, whatever they decode to.
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
@@ -265,7 +266,7 @@ class Reply:
             return {"role": "assistant", "content": self.text if self.stops else
                     self.tokenizer.decode(self.tokens, skip_special_tokens=True)}
         parsed = glm_parser.parse(self.text, tools=self.tools, in_reasoning=self.opens_thinking,
-                                  truncated=self.truncated)
+                                  truncated=self.truncated, padded=self.padded)
         message = {"role": "assistant", "content": parsed["content"]}
         message.update(reasoning_message(parsed["reasoning"]))
         if parsed["calls"]:
@@ -354,8 +355,10 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
                        "the server captures CUDA graphs (start it without them)", "temperature",
                        "unsupported_server_setting")
         spec = None
+    # A tool grammar's calls may carry its whitespace padding inside their values.
+    padded = tool_constraint is not None and tool_constraint.matcher is not None
     reply = Reply(request_id, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
-                  spec=spec, stops=stop_strings(body), eos=gen_config.eos_token_id)
+                  spec=spec, stops=stop_strings(body), eos=gen_config.eos_token_id, padded=padded)
     if spec is not None:
         sampler.register(request_id, spec)
     queue: asyncio.Queue = asyncio.Queue()

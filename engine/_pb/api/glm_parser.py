@@ -20,9 +20,23 @@ The arguments of a call stream as JSON text whose pieces join to the `json.dumps
 final dict; string arguments stream as they are written, typed ones when complete. No
 markup ever reaches content or reasoning.
 
+Inside an argument value every tag is text (a value may hold any GLM markup) save two,
+and those only where the call's own structure can go on after them (whitespace aside):
+- `</arg_value>` ends the value before `<arg_key>`, `</tool_call>` or the end of the reply
+  (the parts the template writes next);
+- `</tool_call>` ends the value and the call before another `<tool_call>` or the end of
+  the reply: the model left out `</arg_value>`.
+Until what follows the tag decides, the value streams up to the tag and no further.
+
+The template writes a value exactly, with nothing around it, so a string value is kept as
+written. Where a tool grammar shaped the reply (`padded`), xgrammar's GLM structure admits
+one whitespace character just inside each side of a value as padding: that one is not part
+of the value (or a grammar's enum or maxLength would not hold for what the client gets),
+so the last whitespace character of a string value streams only once the value goes on.
+
 Edge cases, by rule:
-- `</tool_call>` inside an argument value is text, unless what follows it is another
-  `<tool_call>` or the end of the reply: then the model left out `</arg_value>`.
+- A call opened inside thinking that was never closed ends the thinking there; the newline
+  the template writes before `<tool_call>` is not reasoning, as it is not content.
 - `</think>` with no `<think>` (the prompt opened the thinking, or the model skipped the
   tag): text before it that is still held is reasoning (all of it, when not streaming).
 - A call still open when the reply is cut by max_tokens is dropped (`truncated`); one open
@@ -40,6 +54,11 @@ VALUE, END_VALUE = "<arg_value>", "</arg_value>"
 # End-of-turn tokens that decode as text when special tokens are kept.
 ENDS = ("<|user|>", "<|observation|>", "<|endoftext|>", "<|assistant|>", "<|system|>")
 TAGS = (THINK, END_THINK, CALL, END_CALL, KEY, END_KEY, VALUE, END_VALUE, *ENDS)
+# What the call's own structure can write next, after whitespace: after `</arg_value>`, and
+# after a `</tool_call>` that closes a value left without `</arg_value>`.
+AFTER_VALUE = (KEY, END_CALL, *ENDS)
+AFTER_OPEN_VALUE = (CALL, *ENDS)
+PAD = " \n\r\t"  # xgrammar's whitespace
 
 
 class _Call:
@@ -48,14 +67,16 @@ class _Call:
         self.name = ""
         self.args: dict = {}
         self.key = ""
-        self.value = ""
+        self.value = ""  # the current value's raw text
+        self.shown = 0  # how much of a text value's final text has streamed
         self.text_value = False  # the current value streams as a JSON string
         self.opened = False  # the ("call", …) event went out
         self.sent_args = False
 
 
 class GlmParser:
-    def __init__(self, tools: list | None = None, in_reasoning: bool = False):
+    def __init__(self, tools: list | None = None, in_reasoning: bool = False, padded: bool = False):
+        self.padded = padded
         self.tools = {}
         for tool in tools or []:
             fn = tool.get("function", tool) if isinstance(tool, dict) else {}
@@ -69,6 +90,7 @@ class GlmParser:
         self.saw_think = in_reasoning
         self.content_started = False  # a leading newline of a content run is dropped
         self.held_newline = False  # a content newline that may precede <tool_call>
+        self.held_thought_newline = False  # the same in thinking a call ends unclosed
         self.events: list = []
 
     # ---- public -------------------------------------------------------------------------
@@ -80,6 +102,7 @@ class GlmParser:
 
     def finish(self, truncated: bool) -> list:
         self._run(final=True)
+        self._release_thought_newline()
         call = self.call
         if call is not None:
             if truncated or self.mode in ("key", "key_done") or not call.name.strip():
@@ -115,6 +138,16 @@ class GlmParser:
                 text, self.held_newline = text[:-1], True
             if not text:
                 return
+        if kind == "reasoning":
+            if self.held_thought_newline:
+                text, self.held_thought_newline = "\n" + text, False
+            if text.endswith("\n"):
+                text, self.held_thought_newline = text[:-1], True
+            if not text:
+                return
+        self._append(kind, text)
+
+    def _append(self, kind: str, text: str) -> None:
         if self.events and self.events[-1][0] == kind:
             self.events[-1] = (kind, self.events[-1][1] + text)
         else:
@@ -129,29 +162,24 @@ class GlmParser:
                 self._text(self.buf[: len(self.buf) - keep])
                 self.buf = self.buf[len(self.buf) - keep:]
                 return
-            if self.mode == "value" and tag == END_CALL:
-                after = self.buf[pos + len(END_CALL):]
-                stripped = after.lstrip()
-                if not stripped and not final:
-                    # Could be a literal `</tool_call>` in the value, or its missing end.
+            if self.mode == "value" and tag in (END_VALUE, END_CALL):
+                after = self.buf[pos + len(tag):]
+                ends = _ends_value(after, AFTER_VALUE if tag == END_VALUE else AFTER_OPEN_VALUE, final)
+                if ends is None:  # not known yet: the value streams up to the tag
                     self._text(self.buf[:pos])
                     self.buf = self.buf[pos:]
                     return
-                if stripped and not stripped.startswith(CALL) and not CALL.startswith(stripped[: len(CALL)]):
-                    self._text(self.buf[: pos + len(END_CALL)])  # literal text of the value
+                if not ends:  # literal text of the value
+                    self._text(self.buf[: pos + len(tag)])
                     self.buf = after
                     continue
-                if stripped and not stripped.startswith(CALL) and not final:
-                    self._text(self.buf[:pos])  # `after` may still become <tool_call>
-                    self.buf = self.buf[pos:]
-                    return
             self._text(self.buf[:pos])
             self.buf = self.buf[pos + len(tag):]
             self._tag(tag)
 
     def _tags_for_mode(self) -> tuple:
         if self.mode == "value":
-            return (END_VALUE, END_CALL, KEY, *ENDS)
+            return (END_VALUE, END_CALL, *ENDS)
         if self.mode == "key":
             return (END_KEY, END_CALL, *ENDS)
         return TAGS
@@ -178,11 +206,19 @@ class GlmParser:
         elif mode == "value":
             call.value += text
             if call.text_value:
-                self._args(json.dumps(text, ensure_ascii=False)[1:-1])
+                self._stream_value()
         # text between the parts of a call (newlines, stray words) is not part of any field
+
+    def _release_thought_newline(self) -> None:
+        if self.held_thought_newline:
+            self.held_thought_newline = False
+            self._append("reasoning", "\n")
 
     def _tag(self, tag: str) -> None:
         mode = self.mode
+        if tag == CALL:
+            self.held_thought_newline = False  # the template's newline before <tool_call>
+        self._release_thought_newline()
         if tag in ENDS:
             return
         if tag == THINK:
@@ -197,9 +233,7 @@ class GlmParser:
                 self.mode, self.content_started, self.held_newline = "content", False, False
             return
         if tag == CALL:
-            if mode in ("value", "body", "key_done", "name"):
-                if mode == "value":
-                    self._close_value()
+            if mode in ("body", "key_done", "name"):
                 self._close_call()
             self.call = _Call(len(self.calls) + len(self.done_calls))
             self.calls.append(self.call)
@@ -213,8 +247,6 @@ class GlmParser:
             self._close_call()
             self.mode, self.content_started = "content", False
         elif tag == KEY:
-            if mode == "value":
-                self._close_value()
             if mode == "name":
                 self._open_call()
             self.call.key, self.mode = "", "key"
@@ -238,11 +270,25 @@ class GlmParser:
         if text:
             self.events.append(("args", self.call.index, text))
 
+    def _value_text(self) -> str:
+        """The current value without the grammar's padding (a pad still at the end is held)."""
+        text = self.call.value
+        if self.padded:
+            text = text[1:] if text[:1] and text[0] in PAD else text
+            text = text[:-1] if text and text[-1] in PAD else text
+        return text
+
+    def _stream_value(self) -> None:
+        call = self.call
+        text = self._value_text()
+        self._args(json.dumps(text[call.shown:], ensure_ascii=False)[1:-1])
+        call.shown = len(text)
+
     def _start_value(self) -> None:
         call = self.call
         key = call.key.strip()
         schema, root = schema_types.param_schema(self.tools.get(call.name), key)
-        call.key, call.value = key, ""
+        call.key, call.value, call.shown = key, "", 0
         call.text_value = schema_types.is_text(schema, root)
         self._args(("{" if not call.sent_args else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
         call.sent_args = True
@@ -253,9 +299,10 @@ class GlmParser:
     def _close_value(self) -> None:
         call = self.call
         schema, root = schema_types.param_schema(self.tools.get(call.name), call.key)
-        value = schema_types.convert(call.value, schema, root)
+        value = schema_types.convert(self._value_text(), schema, root)
         call.args[call.key] = value
         if call.text_value:
+            self._stream_value()
             self._args('"')
         else:
             self._args(json.dumps(value, ensure_ascii=False))
@@ -279,6 +326,19 @@ class GlmParser:
         self.held_newline = False
 
 
+def _ends_value(after: str, nexts: tuple, final: bool) -> bool | None:
+    """Whether a closing tag in a value is structure, from the text `after` it: the call's
+    own next part follows (True), something else does (False), or not known yet (None)."""
+    rest = after.lstrip()
+    if not rest:
+        return True if final else None
+    if rest.startswith(nexts):
+        return True
+    if not final and any(tag.startswith(rest) for tag in nexts):
+        return None
+    return False
+
+
 def _find_first(buf: str, tags) -> tuple[int, str | None]:
     best, found = len(buf) + 1, None
     for tag in tags:
@@ -299,9 +359,9 @@ def _partial_tail(buf: str, tags) -> int:
     return longest
 
 
-def parse(text: str, tools=None, in_reasoning: bool = False, truncated: bool = False) -> dict:
+def parse(text: str, tools=None, in_reasoning: bool = False, truncated: bool = False, padded: bool = False) -> dict:
     """A whole reply at once: {"content", "reasoning", "calls": [(name, args)]}."""
-    parser = GlmParser(tools, in_reasoning=in_reasoning)
+    parser = GlmParser(tools, in_reasoning=in_reasoning, padded=padded)
     events = parser.feed(text) + parser.finish(truncated)
     return collect(events)
 

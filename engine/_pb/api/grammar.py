@@ -314,7 +314,8 @@ def tool_constraint(body: dict, tokenizer, model, gen_config, input_ids) -> Cons
                  for t in tools]
     # At most one whitespace character between the parts of a call (GLM-4.5 writes a newline,
     # GLM-4.7 none); unbounded whitespace would let a reply pad itself until max_tokens.
-    # xgrammar also allows it just inside <arg_value>…</arg_value>, where the parser keeps it.
+    # xgrammar also allows it just inside <arg_value>…</arg_value>: the parser drops it there
+    # (`padded`), so the value the client gets is the one the schema constrained.
     tag = xgr.get_model_structural_tag("glm_4_7", tools=functions, tool_choice=choice, reasoning="disabled",
                                        parallel_tool_calls=parallel, max_whitespace_cnt=1)
     try:
