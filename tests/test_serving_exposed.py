@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from .conftest import ALL_ON, Server, engine_code
+from .test_metrics import log_lines
 
 USER = [{"role": "user", "content": "Say something about the sea."}]
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
@@ -278,54 +279,6 @@ def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server_on, p
     gone_s = _until_idle(url)
     print(f"{path}: four to their end {full_s:.2f} s; slots free {gone_s:.2f} s after the clients left")
     assert gone_s < full_s / 2, (gone_s, full_s)
-    lines = {line["id"]: line for line in _log_lines(server_on) if line["id"].startswith("left-")}
+    lines = {line["id"]: line for line in log_lines(server_on, "pb-request ") if line["id"].startswith("left-")}
     assert all(lines[f"left-{path}-{i}"]["cancelled"] for i in range(4)), lines
 
-
-def _log_lines(server) -> list[dict]:
-    prefix = "pb-request "
-    return [json.loads(line.split(prefix, 1)[1]) for line in server.files.log.read_text().splitlines()
-            if prefix in line]
-
-
-def test_clients_that_leave_while_queued_or_prefilling_free_their_slots(server_on):
-    # Twelve long prompts at once overrun the step's token budget (--cb-max-batch-tokens 1024 in
-    # the embedded default): most wait their turn or prefill in chunks when their clients leave.
-    url = server_on.url
-    prompt = " ".join(["the tide comes in and the tide goes out"] * 20)  # ~300 tokens
-    body = {"prompt": prompt, "max_tokens": 150}
-
-    def send(rid: str, timeout: float):
-        try:
-            httpx.post(f"{url}{COMPLETIONS}", json=body, headers={"x-request-id": rid}, timeout=timeout)
-        except httpx.TimeoutException:
-            pass
-
-    def wave(tag: str, timeout: float) -> float:
-        threads = [threading.Thread(target=send, args=(f"{tag}-{i}", timeout)) for i in range(12)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return time.monotonic() - t0
-
-    assert _until_idle(url) < 60
-    full_s = wave("queue-full", 120)
-    wave("queue-left", 0.05)
-    gone_s = _until_idle(url)
-    print(f"twelve long prompts to their end {full_s:.2f} s; slots free {gone_s:.2f} s after the clients left")
-    assert gone_s < full_s / 2, (gone_s, full_s)
-    lines = {line["id"]: line for line in _log_lines(server_on) if line["id"].startswith("queue-left-")}
-    assert len(lines) == 12 and all(line["cancelled"] for line in lines.values()), lines
-
-
-def test_a_route_whose_dependency_is_missing_answers_400(server_on):
-    import importlib.util
-
-    if importlib.util.find_spec("python_multipart") is not None:
-        pytest.skip("python-multipart is installed here: the route's dependency is not missing")
-    r = httpx.post(f"{server_on.url}/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")},
-                   data={"model": "x"}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "route_unavailable", r.text
-    assert "python-multipart" in r.json()["error"]["message"]

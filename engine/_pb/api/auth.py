@@ -70,16 +70,9 @@ class Guard:
 
 
 async def _send(send, status: int, message: str, code: str):
-    import json
-
     from . import errors
 
-    payload = json.dumps(errors.body(status, message, code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await errors.send(send, status, message, code, [(b"www-authenticate", b"Bearer")] if status == 401 else ())
 
 
 def guard():

@@ -41,6 +41,18 @@ def response(status: int, message: str, code: str | None = None, param: str | No
     return JSONResponse(body(status, message, code, param), status_code=status, headers=headers)
 
 
+async def send(send, status: int, message: str, code: str | None = None, headers=()) -> None:
+    """The same error answered straight through ASGI, for the connection-level guards that run
+    outside FastAPI (auth, the body limit)."""
+    import json
+
+    payload = json.dumps(body(status, message, code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": payload})
+
+
 _BRANCH = re.compile(r"^(int|float|str|bool|list|dict|none|json-or-python|literal|constrained-.*|function-.*|"
                      r"tagged-union.*|lax-.*|strict-.*|[A-Z].*|.*\[.*)$")
 

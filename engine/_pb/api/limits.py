@@ -61,18 +61,12 @@ class BodyLimit:
                 await self._refuse(send, e.seen, at_least=True)
 
     async def _refuse(self, send, size: int, at_least: bool = False):
-        import json
-
         from . import errors
 
         mib = self.limit // (1024 * 1024)
         what = f"more than {size} bytes" if at_least else f"{size} bytes"
-        payload = json.dumps(errors.body(413, f"the request body is {what}; this server accepts at most {mib} MiB "
-                                         "(PB_MAX_BODY_MB)", "request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        await errors.send(send, 413, f"the request body is {what}; this server accepts at most {mib} MiB "
+                          "(PB_MAX_BODY_MB)", "request_too_large", [(b"connection", b"close")])
 
 
 class _TooLarge(Exception):

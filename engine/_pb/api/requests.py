@@ -211,8 +211,10 @@ def _transcriptions(handler, Request):
 
     from . import errors
 
+    available = handler is not None and importlib.util.find_spec("python_multipart") is not None
+
     async def route(request: Request):
-        if handler is None or importlib.util.find_spec("python_multipart") is None:
+        if not available:
             return errors.response(400, "audio transcription is not available on this server (the python-multipart "
                                    "package is not installed)", "route_unavailable")
         return await handler.handle_request(request)
@@ -241,5 +243,4 @@ def _route(handler, model, Request):
         raw = await request.json()
         return await handler.handle_request(raw, request.state.request_id)
 
-    route.__annotations__["body"] = model
     return route
