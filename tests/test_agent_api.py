@@ -277,10 +277,10 @@ def test_penalties_discourage_repeats(agent):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"n": 2}, "n=2 is not supported"),
+    ({"n": 2, "pb_knobs": {"PB_VLLM_FIELDS": 0}}, "n=2 is not supported"),  # on: n choices (0600)
     ({"temperature": 3}, "temperature=3 is not valid"),
     ({"top_k": -1}, "top_k=-1 is not valid"),
-    ({"functions": [{"name": "f"}]}, "unsupported field(s): functions"),
+    ({"functions": [{"name": "f"}], "pb_knobs": {"PB_VLLM_FIELDS": 0}}, "unsupported field(s): functions"),
     ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be"),
     ({"max_tokens": 0}, "max_tokens=0 is not valid"),
@@ -296,7 +296,8 @@ def test_bad_sampling_fields_are_400s_naming_them(agent, extra, needle):
 def test_sampling_knob_off_is_upstream(agent):
     body = {"model": agent.model, "messages": USER, "max_tokens": 4, "top_k": 5}
     on = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60)
-    off = httpx.post(f"{agent.url}/v1/chat/completions", json={**body, "pb_knobs": {"PB_REQUEST_SAMPLING": 0}},
+    off = httpx.post(f"{agent.url}/v1/chat/completions",
+                     json={**body, "pb_knobs": {"PB_REQUEST_SAMPLING": 0, "PB_VLLM_FIELDS": 0}},
                      timeout=60)
     # upstream's refusal of an unexpected field (its 422, answered 400 in the OpenAI shape by 0500)
     assert on.status_code == 200 and off.status_code == 400 and off.json()["error"]["code"] == "unknown_field"
@@ -319,7 +320,8 @@ def test_forced_replies_queue(agent):
 
 def test_forced_decoding_off_refuses_the_field(server_on):
     r = httpx.post(f"{server_on.url}/v1/chat/completions", timeout=60,
-                   json={"model": server_on.model, "messages": USER, "pb_forced": {"text": "x"}})
+                   json={"model": server_on.model, "messages": USER, "pb_forced": {"text": "x"},
+                         "pb_knobs": {"PB_VLLM_FIELDS": 0}})  # on, 0600 ignores a field it does not know
     assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_field", r.text
     assert httpx.get(f"{server_on.url}/pb/forced").status_code == 404
 

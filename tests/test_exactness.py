@@ -6,6 +6,8 @@ same status codes and bodies). The last test shows the HTTP check is not blind: 
 knobs on, it reports the differences.
 """
 
+import json
+
 import pytest
 
 from patchbay.measure import exact
@@ -46,7 +48,10 @@ def test_http_check_reports_knobs_that_are_on(server_on, server_pristine):
     changed = " ".join(d.split(":")[0] for d in diffs)
     assert "GET /v1/models" in changed  # PB_MODELS_INFO: 200 with the served model, not 500
     assert "POST /tokenize" in changed  # PB_TOKENIZE: a route upstream does not have
-    assert any(".body.pb_fingerprint: present != missing" in d for d in diffs)  # PB_FINGERPRINT
+    # PB_SERVED_NAMES and PB_OPENAI_SHAPES: the first difference of a reply is now its model or id
+    assert any(".body.id:" in d or ".body.model:" in d for d in diffs)
+    assert any("pb_fingerprint" in json.dumps(t["body"]) for t in on)  # PB_FINGERPRINT
+    assert not any("pb_fingerprint" in json.dumps(t["body"]) for t in pristine)
     assert any(".body.sse" in d for d in diffs)  # PB_SSE_DONE and PB_FINGERPRINT change streams
 
 

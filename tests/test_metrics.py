@@ -136,12 +136,19 @@ def test_log_line_matches_the_response(server_on):
     assert line["finish_reason"] == body["choices"][0]["finish_reason"]
     assert 0 < line["ttft_s"] <= line["duration_s"]
 
-    final = stream(server_on, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5},
-                   **{"x-request-id": "metrics-streamed"})[-1]
+    *_, finish, final = stream(server_on, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5, "stream_options":
+                                                                   {"include_usage": True}},
+                               **{"x-request-id": "metrics-streamed"})
     line = request_line(server_on, "metrics-streamed")
     assert line["fingerprint"] == final["pb_fingerprint"] == body["pb_fingerprint"]  # greedy: the same tokens
     assert line["completion_tokens"] == final["usage"]["completion_tokens"]
-    assert line["finish_reason"] == final["choices"][0]["finish_reason"]
+    assert line["finish_reason"] == finish["choices"][0]["finish_reason"]
+    # Not asked for usage (0610): the line has the engine's count, the finish reason and fingerprint
+    *_, last = stream(server_on, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5},
+                      **{"x-request-id": "metrics-no-usage"})
+    line = request_line(server_on, "metrics-no-usage")
+    assert "usage" not in last and line["completion_tokens"] == 5
+    assert line["fingerprint"] == last["pb_fingerprint"] and line["finish_reason"] == last["choices"][0]["finish_reason"]
 
 
 def test_a_client_that_goes_away_is_logged_cancelled(server_on):

@@ -243,9 +243,21 @@ def test_a_reachable_host_needs_a_key_or_an_explicit_yes(tmp_path):
     key.write_text("s3cret\n")
     cfg = config.load(write(tmp_path, f"HOST=0.0.0.0\nPB_AUTH=1\nAPI_KEY_FILE={key}\n"), environ={})
     assert cfg.auth_headers() == {"Authorization": "Bearer s3cret"}
-    assert cfg.engine_auth_env() == {"API_KEY_FILE": str(key)}
+    assert cfg.engine_http_env() == {"API_KEY_FILE": str(key)}
 
 
 def test_a_key_file_needs_the_auth_knob_and_an_absolute_path(tmp_path):
     assert "API_KEY_FILE needs PB_AUTH=1" in one_line_error(write(tmp_path, "API_KEY_FILE=/etc/key\n"))
     assert "must be an absolute path" in one_line_error(write(tmp_path, "PB_AUTH=1\nADMIN_KEY_FILE=key\n"))
+
+
+def test_served_model_names_are_checked_and_reach_the_http_rank(tmp_path):
+    assert "SERVED_MODEL_NAME needs PB_SERVED_NAMES=1" in one_line_error(write(tmp_path, "SERVED_MODEL_NAME=glm\n"))
+    message = one_line_error(write(tmp_path, "PB_SERVED_NAMES=1\nSERVED_MODEL_NAME=glm,has space\n"))
+    assert "'has space' is not a model name" in message
+    cfg = config.load(write(tmp_path, "PB_SERVED_NAMES=1\nSERVED_MODEL_NAME=glm-4.5,org/glm\n"), environ={})
+    assert cfg.engine_http_env() == {"SERVED_MODEL_NAME": "glm-4.5,org/glm"}
+    assert cfg.served_names("/srv/models/GLM-4.5-Air") == "glm-4.5,org/glm"
+    unnamed = config.load(write(tmp_path, "PB_SERVED_NAMES=1\n"), environ={})
+    assert unnamed.served_names("/srv/models/GLM-4.5-Air/") == "GLM-4.5-Air"  # the folder's name
+    assert config.load(write(tmp_path, "\n"), environ={}).served_names("/srv/m") == "/srv/m"  # knob off: the path

@@ -13,8 +13,9 @@ import hashlib
 import json
 import time
 
-from . import errors, fingerprint, forced, glm_parser, grammar, limits, usage
+from . import choices, errors, fingerprint, forced, glm_parser, grammar, limits, shapes, usage, vllm_fields
 from ..runtime import graphs, sampler
+from .context import max_model_len
 from .. import knobs
 
 
@@ -48,6 +49,7 @@ def _bad(message: str, param: str, code: str = "invalid_request") -> knobs.PBReq
 def take_fields(body: dict) -> None:
     """Before upstream validates the body: take the fields this module answers for."""
     taken = {}
+    vllm_fields.map_legacy(body)
     if samples():
         unsupported = sorted(k for k in UNSUPPORTED_FIELDS if body.get(k) is not None)
         if unsupported:
@@ -55,8 +57,13 @@ def take_fields(body: dict) -> None:
         for key in SAMPLING_FIELDS:
             if key in body:
                 taken[key] = body.pop(key)
-        if taken.get("n") not in (None, 1):
-            raise _bad(f"n={taken['n']!r} is not supported (allowed: 1)", "n", "unsupported_value")
+        n = taken.get("n")
+        if n not in (None, 1):
+            if not vllm_fields.on():
+                raise _bad(f"n={n!r} is not supported (allowed: 1)", "n", "unsupported_value")
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= vllm_fields.MAX_CHOICES:
+                raise _bad(f"n={n!r} is not valid (allowed: an integer from 1 to {vllm_fields.MAX_CHOICES})", "n",
+                           "invalid_value")
         for key in ("max_tokens", "max_completion_tokens"):
             value = body.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -142,6 +149,7 @@ class Reply:
         self.parser = (glm_parser.GlmParser(tools, in_reasoning=opens_thinking, padded=padded)
                        if parses(model) else None)
         self.spec, self.stops = spec, tuple(stops)
+        self.keep_stop = bool(vllm_fields.get("include_stop_str_in_output"))
         # End-of-turn tokens end the reply; they are never text of it, whatever they decode to.
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
         self.hold = max((len(s) for s in self.stops), default=1) - 1
@@ -154,6 +162,7 @@ class Reply:
         self.call_ids: dict[int, str] = {}
         self.calls_ended = 0
         self.logprobs: list[dict] = []
+        self.logprobs_sent = 0  # how many of them a stream has carried
         self.reasoning_tokens = 0
         usage.watch(request_id)
 
@@ -186,7 +195,7 @@ class Reply:
         for stop in self.stops:
             at = self.unfed.find(stop)
             if at != -1:
-                self.unfed, self.stopped = self.unfed[:at], True
+                self.unfed, self.stopped = self.unfed[:at + (len(stop) if self.keep_stop else 0)], True
         if self.stopped:
             ready, self.unfed = self.unfed, ""
         else:
@@ -263,8 +272,12 @@ class Reply:
     def message(self) -> dict:
         """The whole reply as a non-streamed assistant message (parsed in one pass)."""
         if self.parser is None:
-            return {"role": "assistant", "content": self.text if self.stops else
-                    self.tokenizer.decode(self.tokens, skip_special_tokens=True)}
+            if self.stops:
+                return {"role": "assistant", "content": self.text}
+            tokens, skip = self.tokens, True
+            if vllm_fields.on():  # stop_token_ids need not be special tokens; the text never holds them
+                tokens, skip = [t for t in tokens if t not in self.eos], vllm_fields.get("skip_special_tokens", True)
+            return {"role": "assistant", "content": self.tokenizer.decode(tokens, skip_special_tokens=skip)}
         parsed = glm_parser.parse(self.text, tools=self.tools, in_reasoning=self.opens_thinking,
                                   truncated=self.truncated, padded=self.padded)
         message = {"role": "assistant", "content": parsed["content"]}
@@ -302,11 +315,11 @@ def reasoning_message(text: str) -> dict:
 
 
 def _chunk(request_id: str, model_id: str, created: int, delta: dict | None, finish_reason=None, usage=None,
-           logprobs=None) -> str:
-    chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-             "system_fingerprint": "", "choices": []}
+           logprobs=None, index: int = 0) -> str:
+    chunk = {"id": shapes.reply_id(request_id), "object": "chat.completion.chunk", "created": created,
+             "model": model_id, "system_fingerprint": shapes.system_fingerprint(), "choices": []}
     if delta is not None or finish_reason is not None:
-        chunk["choices"] = [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]
+        chunk["choices"] = [{"index": index, "delta": delta or {}, "finish_reason": finish_reason}]
         if logprobs is not None:
             chunk["choices"][0]["logprobs"] = {"content": logprobs}
     if usage is not None:
@@ -343,8 +356,15 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     if constraint is not None:
         spec = spec or sampler.Spec()
         spec.mask = constraint
+    eos = gen_config.eos_token_id
+    if vllm_fields.on():
+        eos = vllm_fields.eos_ids(eos)
+        if vllm_fields.wants_spec():
+            spec = spec or sampler.Spec()
+            vllm_fields.apply(spec, input_ids, gen_config.eos_token_id)
     gen_manager._check_alive(request_id)
     errors.check_inputs(model, inputs, gen_config)
+    shapes.check_room(body, len(input_ids), max_model_len(model.config))
     cb = gen_manager._cb
     # Resolved when the manager was created (the batch processor may not exist yet).
     if spec is not None and any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on():
@@ -357,61 +377,69 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
         spec = None
     # A tool grammar's calls may carry its whitespace padding inside their values.
     padded = tool_constraint is not None and tool_constraint.matcher is not None
-    reply = Reply(request_id, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
-                  spec=spec, stops=stop_strings(body), eos=gen_config.eos_token_id, padded=padded)
-    if spec is not None:
-        sampler.register(request_id, spec)
-    queue: asyncio.Queue = asyncio.Queue()
-    cb.register_result_handler(request_id, queue.put_nowait)
-    cb.add_request(input_ids, request_id=request_id, streaming=True, max_new_tokens=gen_config.max_new_tokens,
-                   eos_token_id=gen_config.eos_token_id)
+    n = (_fields.get() or {}).get("n") or 1
+    if n > 1 and (constraint is not None or (spec is not None and spec.forced is not None)):
+        raise _bad("n > 1 cannot be combined with a grammar (response_format, guided fields, an enforced "
+                   "tool_choice) or a forced reply (allowed: n=1 with those)", "n", "unsupported_combination")
+    stops = stop_strings(body)
+    group = choices.Choices(
+        gen_manager._cb, request_id, n, spec,
+        lambda rid, s: Reply(rid, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
+                             spec=s, stops=stops, eos=eos, padded=padded),
+        input_ids, gen_config.max_new_tokens, (eos or -1) if vllm_fields.on() else eos)
     created = int(time.time())
-
-    def done() -> None:
-        sampler.release(request_id)
-        usage.release(request_id)
-        if reply.stopped or not reply.finished:
-            cb.cancel_request(request_id)
-            with cb.output_router._lock:
-                cb.output_router.result_handlers.pop(request_id, None)
 
     if not body.get("stream"):
         try:
-            while not reply.finished:
-                reply.take(await queue.get())
-            if reply.error is not None:
-                raise RuntimeError(f"generation failed for {request_id}: {reply.error}")
-            choice = {"index": 0, "message": reply.message(), "finish_reason": reply.finish_reason()}
-            if spec is not None and spec.logprobs:
-                choice["logprobs"] = {"content": reply.logprobs}
-            result = {"id": request_id, "object": "chat.completion", "created": created, "model": model_id,
-                      "choices": [choice], "usage": reply.usage()}
+            while not group.finished:
+                await group.next()
+            if group.error() is not None:
+                raise RuntimeError(f"generation failed for {request_id}: {group.error()}")
+            answers = []
+            for j, reply in enumerate(group.replies):
+                choice = {"index": j, "message": reply.message(), "finish_reason": reply.finish_reason()}
+                if reply.spec is not None and reply.spec.logprobs:
+                    choice["logprobs"] = {"content": reply.logprobs}
+                answers.append(choice)
+            result = {"id": shapes.reply_id(request_id), "object": "chat.completion", "created": created,
+                      "model": model_id, "choices": answers, "usage": group.usage()}
+            if shapes.on():
+                result["system_fingerprint"] = shapes.system_fingerprint()
         finally:
-            done()
-        return JSONResponse(fingerprint.stamp(result, reply.tokens, request_id))
+            group.done()
+        return JSONResponse(fingerprint.stamp(result, group.tokens(), request_id))
+
+    where = shapes.usage_in_stream(body)
 
     async def events():
         try:
-            yield _chunk(request_id, model_id, created, {"role": "assistant", "content": ""})
-            while not reply.finished:
-                output = await queue.get()
-                seen = len(reply.logprobs)
-                deltas = reply.deltas(reply.take(output))
-                fresh = reply.logprobs[seen:]
+            for j in range(n):
+                yield _chunk(request_id, model_id, created, {"role": "assistant", "content": ""}, index=j)
+            while not group.finished:
+                j, reply, taken = await group.next()
+                fresh = reply.logprobs[reply.logprobs_sent:]
+                reply.logprobs_sent = len(reply.logprobs)
+                deltas = reply.deltas(taken)
                 if fresh and not deltas:
                     deltas = [{}]
-                parts = [_chunk(request_id, model_id, created, d, logprobs=fresh if i == 0 and fresh else None)
-                         for i, d in enumerate(deltas)]
+                parts = [_chunk(request_id, model_id, created, d, logprobs=fresh if i == 0 and fresh else None,
+                                index=j) for i, d in enumerate(deltas)]
                 if reply.error is not None:
                     parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
                     yield "".join(parts)
                     return
                 if parts:
                     yield "".join(parts)
-            final = _chunk(request_id, model_id, created, {}, reply.finish_reason(), reply.usage())
-            yield fingerprint.stamp_sse(final, _Ids(reply.tokens), request_id)
+                if reply.finished and not group.finished:
+                    yield _chunk(request_id, model_id, created, {}, reply.finish_reason(), index=j)
+            final = _chunk(request_id, model_id, created, {}, reply.finish_reason(),
+                           group.usage() if where == "finish" else None, index=j)
+            if where == "last":
+                yield final
+                final = _chunk(request_id, model_id, created, None, usage=group.usage())
+            yield fingerprint.stamp_sse(final, _Ids(group.tokens()), request_id)
         finally:
-            done()
+            group.done()
 
     return StreamingResponse(sse.finish(events()), media_type="text/event-stream")
 

@@ -63,7 +63,10 @@ class _Request:
                     self.body = None
             return
         for line in chunk.split(b"\n"):
-            if line.startswith(b"data: {") and (b'"usage"' in line or line.startswith(b'data: {"error"')):
+            # usage rides on the finish chunk, or (0610) on a last chunk of its own only when asked: the
+            # finish reason and the fingerprint are read from whichever chunk carries them
+            if line.startswith(b"data: {") and (b'"usage"' in line or b'"pb_fingerprint"' in line
+                                                or b'"finish_reason":"' in line or line.startswith(b'data: {"error"')):
                 try:
                     self.take(json.loads(line[6:]), in_stream=True)
                 except ValueError:

@@ -36,7 +36,17 @@ def install(app, model_manager, chat_handler, completion_handler, response_handl
 
         faults.watch(generation_state)
     _outermost(app)
-    if knobs.get("PB_MODELS_INFO"):
+    if knobs.get("PB_SERVED_NAMES"):
+        from . import served
+
+        try:
+            served.check_at_start(model_manager.force_model)
+        except knobs.KnobError as e:
+            import sys
+
+            sys.stderr.write(f"patchbay: refusing to start: PB_SERVED_NAMES=1: {e}\n")
+            raise SystemExit(2) from None
+    if knobs.get("PB_MODELS_INFO") or knobs.get("PB_SERVED_NAMES"):
         from . import models
 
         models.install(app, model_manager)

@@ -2,7 +2,7 @@
 
 Upstream's batch freezes its sampling settings from the first request it sees. A request
 that registers a `Spec` here gets its own: temperature, top_p, top_k, min_p, presence and
-frequency penalties, logit_bias, a seed, log-probabilities of the chosen and top tokens,
+frequency penalties, logit_bias, vLLM's repetition_penalty and min_tokens, a seed, log-probabilities of the chosen and top tokens,
 forced tokens (teacher forcing) and a token mask (grammar). The hook runs after upstream
 has sampled the whole batch and overwrites only the rows of requests that have a Spec, so
 every other row keeps upstream's token bit for bit, and with no Spec registered it does
@@ -40,6 +40,10 @@ class Spec:
     forced: list | None = None  # token ids to emit, in order
     forced_end: int | None = None  # emitted once `forced` is used up (an end-of-turn token)
     mask: object = None  # callable(spec, scores) -> scores, e.g. a grammar's bitmask
+    repetition_penalty: float = 1.0  # on the prompt's and the reply's tokens (1: none)
+    prompt_ids: list = field(default_factory=list)  # what repetition_penalty also counts
+    min_tokens: int = 0  # no token of `suppress` before this many tokens
+    suppress: tuple = ()
     # Filled while the request runs:
     tokens: list = field(default_factory=list)
     chosen_logprobs: list = field(default_factory=list)  # per token: float
@@ -49,7 +53,8 @@ class Spec:
     @property
     def plain_greedy(self) -> bool:
         return (not self.do_sample and not self.logprobs and self.forced is None and self.mask is None
-                and not self.logit_bias and not self.presence_penalty and not self.frequency_penalty)
+                and not self.logit_bias and not self.presence_penalty and not self.frequency_penalty
+                and self.repetition_penalty == 1.0 and not self.min_tokens)
 
 
 def register(request_id: str, spec: Spec) -> None:
@@ -131,6 +136,12 @@ def choose(spec: Spec, raw: torch.Tensor) -> int:
         if spec.tokens and (spec.presence_penalty or spec.frequency_penalty):
             ids, counts = torch.unique(torch.tensor(spec.tokens, device=scores.device), return_counts=True)
             scores[ids] -= spec.frequency_penalty * counts.to(scores.dtype) + spec.presence_penalty
+        if spec.repetition_penalty != 1.0:
+            seen = torch.unique(torch.tensor(spec.prompt_ids + spec.tokens, dtype=torch.long, device=scores.device))
+            values = scores[seen]
+            scores[seen] = torch.where(values > 0, values / spec.repetition_penalty, values * spec.repetition_penalty)
+        if len(spec.tokens) < spec.min_tokens and spec.suppress:
+            scores[list(spec.suppress)] = float("-inf")
         if spec.mask is not None:
             scores = spec.mask(spec, scores)
         token = _pick(spec, scores)

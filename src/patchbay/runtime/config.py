@@ -22,6 +22,7 @@ CONFIG_DIR = ROOT / "config"
 KNOB_SETS = CONFIG_DIR / "knob-sets.toml"
 _SSH_RE = re.compile(r"ssh://[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+(:\d+)?")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")  # as engine/_pb/api/served.py accepts
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,9 @@ class Config:
     api_key_file: str = ""
     admin_key_file: str = ""
     allow_unauthenticated: bool = False
+    # PB_SERVED_NAMES=1: the names clients send as `model` (comma-separated; the first is the one
+    # replies carry). Empty: the checkpoint folder's name.
+    served_model_name: str = ""
     knob_set: str = ""  # KNOBS: the named set the knobs start from (config/knob-sets.toml); empty: none
     knobs: dict = field(default_factory=dict)  # PB_* name -> raw value: the set's, then the file's PB_* lines
     source: str = "defaults"
@@ -117,6 +121,15 @@ class Config:
                 raise ConfigError(f"{where}: {key} needs PB_AUTH=1 (the engine's key check), or remove the line")
             if value and not value.startswith("/"):
                 raise ConfigError(f"{where}: {key}={value} must be an absolute path")
+        if self.served_model_name:
+            if self.knobs.get("PB_SERVED_NAMES", "0") != "1":
+                raise ConfigError(f"{where}: SERVED_MODEL_NAME needs PB_SERVED_NAMES=1 (the engine's served names), "
+                                  "or remove the line")
+            for name in self.served_model_name.split(","):
+                if not _NAME_RE.fullmatch(name.strip()):
+                    raise ConfigError(f"{where}: SERVED_MODEL_NAME={self.served_model_name}: {name.strip()!r} is not a "
+                                      "model name (allowed: comma-separated names of letters, digits and ._:/@+-, "
+                                      "each starting with a letter or digit)")
         if not self.loopback and not self.api_key_file and not self.allow_unauthenticated:
             raise ConfigError(f"{where}: HOST={self.host} is reachable from other machines but no key is set: set "
                               "API_KEY_FILE=/path/to/key (with PB_AUTH=1), or ALLOW_UNAUTHENTICATED=1 to serve "
@@ -157,14 +170,23 @@ class Config:
         key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def engine_auth_env(self) -> dict[str, str]:
-        """What the HTTP rank's environment gets for PB_AUTH: the key files' paths."""
+    def engine_http_env(self) -> dict[str, str]:
+        """What the HTTP rank's environment gets: for PB_AUTH the key files' paths, for
+        PB_SERVED_NAMES the names."""
         env = {}
+        if self.served_model_name:
+            env["SERVED_MODEL_NAME"] = self.served_model_name
         if self.api_key_file:
             env["API_KEY_FILE"] = self.api_key_file
         if self.admin_key_file:
             env["ADMIN_KEY_FILE"] = self.admin_key_file
         return env
+
+    def served_names(self, model_path: str) -> str:
+        """What clients send as `model`: the served names (PB_SERVED_NAMES) or the path."""
+        if self.knobs.get("PB_SERVED_NAMES", "0") != "1":
+            return model_path
+        return self.served_model_name or model_path.split("@", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def world_size(self) -> int:

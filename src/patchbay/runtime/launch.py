@@ -245,12 +245,13 @@ def start(cfg: Config, engine: Engine, model_path: str, files: RunFiles, progres
     for rank in range(cfg.tp):
         with files.rank_log(rank).open("w") as log:
             env = {**engine_env(engine, cfg.knobs), **rank_env(cfg, rank),
-                   **(cfg.engine_auth_env() if rank == 0 else {})}  # rank 0 serves HTTP
+                   **(cfg.engine_http_env() if rank == 0 else {})}  # rank 0 serves HTTP
             cmd = [sys.executable, "-I", str(REAPER), str(files.rank_pid(rank)), str(files.rank_exit(rank)), "--",
                    *engine_command(cfg, model_path)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=files.dir))
-    info = {"url": cfg.url, "build_id": engine.build_id, "model": model_path, "knobs": cfg.knobs_on(),
+    info = {"url": cfg.url, "build_id": engine.build_id, "model": model_path,
+            "served_as": cfg.served_names(model_path), "knobs": cfg.knobs_on(),
             "config": cfg.source, "started": int(time.time()), "tp": cfg.tp, "reapers": [p.pid for p in procs]}
     files.info.write_text(json.dumps(info, indent=2) + "\n")
     progress(f"waiting for the first streamed token from {cfg.url} (log: {files.log})")

@@ -84,7 +84,8 @@ class Local:
                          + (" (HTTP)" if r == 0 else "")) for r, v in sorted(ranks.items())]
         health = launch.health(info.get("url", ""), headers=self.cfg.auth_headers())
         print_rows([("url", info.get("url")), *pid_rows, ("build", info.get("build_id")),
-                    ("model", info.get("model")), ("config", info.get("config")),
+                    ("model", info.get("model")), ("model id", info.get("served_as", info.get("model"))),
+                    ("config", info.get("config")),
                     ("knobs on", ", ".join(f"{k}={v}" for k, v in info.get("knobs", {}).items()) or "none"),
                     ("up", f"{int(time.time()) - info.get('started', int(time.time()))}s"),
                     ("health", health)])

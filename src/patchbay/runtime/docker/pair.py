@@ -130,11 +130,13 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
     _remove(live)  # leftovers of a pair that died
     tag = image_tag(build_id)
     started = int(time.time())
-    info = {"url": cfg.url, "build_id": build_id, "model": model_path, "knobs": dict(sorted(rank_knobs(cfg).items())),
+    info = {"url": cfg.url, "build_id": build_id, "model": model_path,
+            "served_as": cfg.served_names(model_path), "knobs": dict(sorted(rank_knobs(cfg).items())),
             "config": cfg.source, "world_size": cfg.world_size, "started": started}
     # PB_AUTH: the key files, read-only at the same paths inside rank 0's container (it serves HTTP).
-    auth_env = cfg.engine_auth_env()
-    key_mounts = [docker.types.Mount(path, path, type="bind", read_only=True) for path in auth_env.values()]
+    http_env = cfg.engine_http_env()
+    key_mounts = [docker.types.Mount(path, path, type="bind", read_only=True)
+                  for key, path in http_env.items() if key.endswith("_KEY_FILE")]
     for r in rs:
         kwargs = {}
         if cfg.gpus_per_node:
@@ -144,7 +146,7 @@ def start(cfg: Config, build_id: str, model_path: str, config_text: str, progres
                 tag, rank_command(cfg, model_path), name=container_name(cfg, r.node.rank), detach=True,
                 network_mode="host", ipc_mode="host",
                 environment={**rank_env(cfg, r.node.rank, (ifnames or {}).get(r.node.role, "")),
-                             "TRITON_CACHE_DIR": KERNEL_CACHE_DIR, **(auth_env if r.node.rank == 0 else {})},
+                             "TRITON_CACHE_DIR": KERNEL_CACHE_DIR, **(http_env if r.node.rank == 0 else {})},
                 mounts=[model_mount(model_path), docker.types.Mount(KERNEL_CACHE_DIR, KERNEL_CACHE_VOLUME, type="volume"),
                         *(key_mounts if r.node.rank == 0 else [])],
                 labels={f"{LABEL}.pair": cfg.pair, f"{LABEL}.rank": str(r.node.rank),
@@ -209,7 +211,7 @@ def status(cfg: Config) -> tuple[int, list[tuple[str, str]], list[list[str]]]:
     head_up = any(r.node.rank == 0 and r.state == "running" for r in rs)
     h = health(cfg.url, headers=cfg.auth_headers()) if head_up else "head not running"
     summary = [("url", info.get("url", cfg.url)), ("build", info.get("build_id", "-")), ("model", info.get("model", "-")),
-               ("context", _context(info.get("model", ""))), ("config", info.get("config", "-")),
+               ("model id", info.get("served_as", info.get("model", "-"))), ("context", _context(info.get("model", ""))), ("config", info.get("config", "-")),
                ("ranks", str(info.get("world_size", "-"))),
                ("knobs on", ", ".join(f"{k}={v}" for k, v in info.get("knobs", {}).items()) or "none"),
                ("up", f"{int(time.time()) - info.get('started', int(time.time()))}s"), ("health", h)]
