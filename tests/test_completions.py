@@ -97,6 +97,18 @@ def test_logprobs_have_the_legacy_shape(server_on):
     assert complete(server_on, temperature=0, max_tokens=6).choices[0].logprobs is None
 
 
+def test_logit_bias_and_penalties_reach_the_sampler(server_on):
+    tid = post(server_on, "/tokenize", {"prompt": " hello", "add_special_tokens": False}).json()["tokens"][0]
+    reply = complete(server_on, temperature=0, max_tokens=4, logit_bias={str(tid): 100}, logprobs=0)
+    assert reply.choices[0].logprobs.tokens == [post(server_on, "/detokenize", {"tokens": [tid]}).json()["prompt"]] * 4
+    # A second favoured token behind it: the frequency penalty (2 a repeat) hands over to it.
+    other = post(server_on, "/tokenize", {"prompt": " world", "add_special_tokens": False}).json()["tokens"][0]
+    both = {str(tid): 100, str(other): 97}
+    plain = complete(server_on, temperature=0, max_tokens=4, logit_bias=both).choices[0].text
+    penalized = complete(server_on, temperature=0, max_tokens=4, logit_bias=both, frequency_penalty=2).choices[0].text
+    assert plain != penalized
+
+
 def test_echo_puts_the_prompt_first(server_on):
     plain = complete(server_on, temperature=0).choices[0].text
     assert complete(server_on, temperature=0, echo=True).choices[0].text == PROMPT + plain

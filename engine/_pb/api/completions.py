@@ -18,7 +18,7 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, fingerprint, limits, sse, tokenize
+from . import chat, context, errors, fingerprint, limits, sse, tokenize
 from ..runtime import sampler
 
 MAX_CHOICES = 128  # prompts x n in one request
@@ -195,9 +195,7 @@ async def handle(handler, body: dict, request_id: str):
         return None
     taken = {key: body.pop(key) for key in TAKEN if key in body}
     handler._validate_request(body)
-    if body.get("prompt") is None:
-        raise _bad(f"prompt is required ({PROMPT_FORMS})", "prompt", "missing_field")
-    prompts = prompts_of(body["prompt"])
+    prompts = prompts_of(body.get("prompt", ""))  # upstream's default: an empty prompt (0500 refuses it)
     opts = _checked(taken, len(prompts))
     stops = () if body.get("stop") is None else chat.parse_stop(body["stop"])
     tokenizer = getattr(processor, "tokenizer", processor)
@@ -212,11 +210,9 @@ async def handle(handler, body: dict, request_id: str):
             ids, head = list((await limits.prepare(tokenizer, p, return_tensors=None))["input_ids"]), p
         else:
             ids, head = list(tokenize.token_inputs(p, model, True)["input_ids"]), tokenizer.decode(p)
-        if not ids:
-            raise _bad("a prompt is empty after tokenization (0 tokens); send at least one token of input",
-                       "prompt", "empty_prompt")
-        limit = types.SimpleNamespace(max_new_tokens=gen_config.max_new_tokens)
+        limit = types.SimpleNamespace(max_new_tokens=gen_config.max_new_tokens)  # each prompt's own room
         context.enforce(model, ids, limit, "prompt")
+        errors.check_inputs(model, {"input_ids": ids}, limit)  # 0500 refuses an empty prompt
         runs.append((ids, head, limit.max_new_tokens))
     gen_manager.init_cb(model, gen_config)
     gen_manager._check_alive(request_id)
