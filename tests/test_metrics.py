@@ -63,7 +63,8 @@ def request_line(server, request_id: str, timeout: float = 10) -> dict:
 def test_counters_move_by_what_the_responses_said(server_on):
     before = scrape(server_on)
     whole = post(server_on, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 6}).json()
-    chunks = stream(server_on, "/v1/completions", {"prompt": "def main():", "max_tokens": 7})
+    chunks = stream(server_on, "/v1/completions", {"prompt": "def main():", "max_tokens": 7,
+                                                   "stream_options": {"include_usage": True}})
     streamed = chunks[-1]["usage"]
     after = scrape(server_on)
 

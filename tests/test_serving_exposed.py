@@ -249,7 +249,7 @@ def _until_idle(url: str, deadline_s: float = 60) -> float:
 
 @pytest.mark.parametrize("path,body", [
     (CHAT, {"messages": USER}),  # patchbay's chat path
-    (COMPLETIONS, {"prompt": "The sea is"}),  # upstream's non-streamed path
+    (COMPLETIONS, {"prompt": "The sea is"}),  # 0620's completions path
     (RESPONSES, {"input": "The sea is"}),
 ], ids=["chat", "completions", "responses"])
 def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server_on, path, body):

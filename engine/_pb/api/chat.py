@@ -89,7 +89,11 @@ def spec_for(body: dict, gen_config, tokenizer) -> "sampler.Spec | None":
     """The request's own sampling settings (None when PB_REQUEST_SAMPLING is off)."""
     if not samples():
         return None
-    taken = _fields.get() or {}
+    return build_spec(body, _fields.get() or {}, gen_config, tokenizer)
+
+
+def build_spec(body: dict, taken: dict, gen_config, tokenizer) -> "sampler.Spec":
+    """A Spec from the body's sampling fields and those taken from it before validation."""
     spec = sampler.Spec()
     temperature = body.get("temperature")
     if temperature is not None:
@@ -294,7 +298,10 @@ class Reply:
 def stop_strings(body: dict) -> tuple:
     if not samples() or body.get("stop") is None:
         return ()
-    stop = body["stop"]
+    return parse_stop(body["stop"])
+
+
+def parse_stop(stop) -> tuple:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not 1 <= len(stops) <= 4 or not all(isinstance(s, str) and s for s in stops):
         raise _bad("stop must be a non-empty string or a list of 1 to 4 of them", "stop")
@@ -325,6 +332,20 @@ def _chunk(request_id: str, model_id: str, created: int, delta: dict | None, fin
     if usage is not None:
         chunk["usage"] = usage
     return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def under_graphs(cb, spec):
+    """The spec to register, given whether the server captures CUDA graphs (resolved when the
+    manager was created: the batch processor may not exist yet)."""
+    if spec is not None and any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on():
+        # A captured graph replays its sampling without Python: the hook cannot run. A plain
+        # greedy request needs none (the batch's own settings apply); anything else is refused.
+        if not spec.plain_greedy:
+            raise _bad("per-request sampling, logprobs, forced replies and grammars are not available while "
+                       "the server captures CUDA graphs (start it without them)", "temperature",
+                       "unsupported_server_setting")
+        return None
+    return spec
 
 
 async def respond(handler, body: dict, request_id: str, model_id: str, model, processor, inputs, gen_config,
@@ -366,15 +387,7 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     errors.check_inputs(model, inputs, gen_config)
     shapes.check_room(body, len(input_ids), max_model_len(model.config))
     cb = gen_manager._cb
-    # Resolved when the manager was created (the batch processor may not exist yet).
-    if spec is not None and any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on():
-        # A captured graph replays its sampling without Python: the hook cannot run. A plain
-        # greedy request needs none (the batch's own settings apply); anything else is refused.
-        if not spec.plain_greedy:
-            raise _bad("per-request sampling, logprobs, forced replies and grammars are not available while "
-                       "the server captures CUDA graphs (start it without them)", "temperature",
-                       "unsupported_server_setting")
-        spec = None
+    spec = under_graphs(cb, spec)
     # A tool grammar's calls may carry its whitespace padding inside their values.
     padded = tool_constraint is not None and tool_constraint.matcher is not None
     n = (_fields.get() or {}).get("n") or 1

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints, model_validator
 
+from .. import knobs
+
 SEED = Annotated[StrictInt, Field(ge=-(2**63), lt=2**64, description="a 64-bit integer")]
 MAX_TOKENS = Annotated[StrictInt, Field(ge=1)]
 Number = Union[StrictInt, StrictFloat]
@@ -151,6 +153,11 @@ class CompletionRequest(_Sampling):
     best_of: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
 
 
+class CompletionsRequest(CompletionRequest):
+    """PB_COMPLETIONS: every prompt form of OpenAI's API (a string, strings, token ids, lists of them)."""
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] | None = None
+
+
 class ContentPart(_Open):
     type: StrictStr
 
@@ -198,6 +205,8 @@ def install(app, handlers: dict) -> None:
         handler = handlers.get(name)
         if handler is None:
             continue
+        if model is CompletionRequest and knobs.get("PB_COMPLETIONS"):
+            model = CompletionsRequest
         app.post(path, name=f"pb_{name}")(_route(handler, model, Request))
     app.post("/v1/audio/transcriptions", name="pb_transcriptions")(_transcriptions(handlers.get("transcription"),
                                                                                    Request))

@@ -58,6 +58,10 @@ def install(app, model_manager, chat_handler, completion_handler, response_handl
         from . import tokenize
 
         tokenize.install(app, chat_handler)
+    if knobs.get("PB_COMPLETIONS"):
+        from . import completions
+
+        completions.install(app, chat_handler)
     if knobs.get("PB_METRICS"):
         from . import metrics
 
