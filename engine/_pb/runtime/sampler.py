@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import graphs, tp
+from .. import knobs
+from . import batched_sampler, graphs, tp
 
 
 _specs: dict = {}
@@ -49,6 +50,7 @@ class Spec:
     chosen_logprobs: list = field(default_factory=list)  # per token: float
     top: list = field(default_factory=list)  # per token: [(id, logprob), ...]
     generator: object = None
+    position: int = 0  # tokens chosen so far (PB_BATCHED_SAMPLER's counter-based draws)
 
     @property
     def plain_greedy(self) -> bool:
@@ -57,8 +59,15 @@ class Spec:
                 and self.repetition_penalty == 1.0 and not self.min_tokens)
 
 
+def batched() -> bool:
+    return bool(knobs.get("PB_BATCHED_SAMPLER"))
+
+
 def register(request_id: str, spec: Spec) -> None:
-    if spec.do_sample:
+    if batched():
+        if spec.seed is None:
+            spec.seed = batched_sampler.draw_seed()
+    elif spec.do_sample:
         spec.generator = torch.Generator(device="cpu")  # its own: the global generator is left alone
         if spec.seed is not None:
             spec.generator.manual_seed(spec.seed)
@@ -108,6 +117,12 @@ def _override(runner, logits: torch.Tensor, output_ids: torch.Tensor) -> None:
     if not rows:
         return
     raw = logits[0]  # [num_logits, vocab], float32, before any processor
+    if batched():
+        index = [i for i, _ in rows]
+        picks = batched_sampler.choose_rows([spec for _, spec in rows], raw, index)
+        output_ids[0, torch.tensor(index, dtype=torch.long).to(raw.device, non_blocking=True)] = \
+            picks.to(output_ids.dtype)
+        return
     greedy = [i for i, spec in rows if spec.plain_greedy]
     if greedy:
         index = torch.tensor(greedy, device=raw.device)

@@ -3,7 +3,7 @@
 There they run through scripts/gpu-run.sh; `wheels` and `profile window` run here.
 
     serve, ab, exact, agent, served-profile, wheels   this parser's verbs
-    moe, invariance, profile, profiled, memfit, sweep  each parses its own flags (its module's main)
+    moe, invariance, profile, profiled, memfit, sweep, sampler  each parses its own flags (its module's main)
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ def _memfit(argv: list[str]) -> int:
     return main(argv)
 
 
+def _sampler(argv: list[str]) -> int:
+    from .gpu_sampler import main
+
+    return main(argv)
+
+
 def _sweep(argv: list[str]) -> int:
     from .sweep import main
 
@@ -63,6 +69,7 @@ OWN_FLAGS = {
                           "(`profile window`: a results window of such runs)"),
     "profiled": (_profiled, "OUT_DIR -- MODULE ARGS: run `python -m MODULE` under the served-profile profiler"),
     "memfit": (_memfit, "OUT: a full KV pool of cold prompts at once against one server, GPU memory sampled"),
+    "sampler": (_sampler, "OUT: 0100's row-by-row sampler against 0630's batched one, per step, alone vs batched"),
     "sweep": (_sweep, "gemm|moe OUT: the engine's kernels' launch tiles, bits checked, timed"),
 }
 

@@ -1,0 +1,182 @@
+"""PB_BATCHED_SAMPLER: every row with its own settings chosen in one pass over the batch.
+
+0100's hook chooses row by row (a softmax, a sort and a draw from a CPU generator for each
+sampled row, each draw a wait for the GPU), so sampled decoding ran at a fraction of greedy's
+speed. Here the rows of one step are processed together: their logits gathered into one
+[rows, vocab] tensor, the biases, penalties and masks written in, then temperature, top-k,
+top-p and min-p for all of them at once, and one draw.
+
+The draw is an exponential race (argmax of p / E, E ~ Exp(1), which picks token t with
+probability p_t), and E comes from a counter-based generator: a hash of the request's seed,
+the reply position and the token id. So a row's token depends on its own logits, seed and
+position only, never on which rows share the step or how many: a seeded reply is the same
+alone or batched, and replayable. A request without a seed gets one from the server's
+generator when it registers. Integer hashing is exact on every device; the float steps after
+it are per-row operations.
+
+The host waits for the step's tokens only when a row needs them (penalties, grammars, forced
+replies, min_tokens, repetition_penalty, logprobs); rows that only sample keep a position
+counter on the host and their tokens stay on the device.
+"""
+
+import random
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+_server_rng = random.Random()  # seeded from the OS at import: unseeded requests' seeds
+
+
+def draw_seed() -> int:
+    return _server_rng.getrandbits(63)
+
+
+def _fmix32(h):
+    """The 32-bit finalizer of a well-known hash: a bijection that scrambles every bit. `h` is
+    an int or an int64 tensor holding values in [0, 2**32)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & MASK32
+    return h ^ (h >> 16)
+
+
+def row_key(seed: int, position: int) -> int:
+    """A 32-bit key for (seed, position), computed on the host."""
+    h = _fmix32((position * 0x9E3779B9) & MASK32)
+    h = _fmix32(h ^ ((seed >> 32) & MASK32))
+    return _fmix32(h ^ (seed & MASK32))
+
+
+def exponentials(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """E ~ Exp(1) for each (row key, token id): keys [rows, 1] int64, token_ids [rows, n] int64."""
+    h = _fmix32((keys ^ ((token_ids * 0x27D4EB2F) & MASK32)) & MASK32)
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
+    return -torch.log(u)
+
+
+def needs_tokens(spec) -> bool:
+    """Whether the host must see this row's token each step (its later steps read it)."""
+    return bool(spec.forced is not None or spec.mask is not None or spec.presence_penalty or spec.frequency_penalty
+                or spec.repetition_penalty != 1.0 or spec.min_tokens or spec.logprobs)
+
+
+def _rows_tensor(values, device, dtype):
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def _write_processing(rows, scores: torch.Tensor) -> None:
+    """logit_bias, OpenAI's penalties, vLLM's repetition penalty and min_tokens, then masks,
+    in 0100's order, onto the gathered scores [rows, vocab]."""
+    device = scores.device
+    bias_r, bias_t, bias_v = [], [], []
+    for r, spec in enumerate(rows):
+        for token, value in spec.logit_bias.items():
+            bias_r.append(r), bias_t.append(token), bias_v.append(value)
+    if bias_r:
+        scores.index_put_((_rows_tensor(bias_r, device, torch.long), _rows_tensor(bias_t, device, torch.long)),
+                          _rows_tensor(bias_v, device, scores.dtype), accumulate=True)
+    pen_r, pen_t, pen_v = [], [], []
+    for r, spec in enumerate(rows):
+        if spec.tokens and (spec.presence_penalty or spec.frequency_penalty):
+            counts: dict = {}
+            for t in spec.tokens:
+                counts[t] = counts.get(t, 0) + 1
+            for t, c in counts.items():
+                pen_r.append(r), pen_t.append(t), pen_v.append(-(spec.frequency_penalty * c + spec.presence_penalty))
+    if pen_r:
+        scores.index_put_((_rows_tensor(pen_r, device, torch.long), _rows_tensor(pen_t, device, torch.long)),
+                          _rows_tensor(pen_v, device, scores.dtype), accumulate=True)
+    rep_r, rep_t, rep_p = [], [], []
+    for r, spec in enumerate(rows):
+        if spec.repetition_penalty != 1.0:
+            seen = set(spec.prompt_ids) | set(spec.tokens)
+            rep_r += [r] * len(seen)
+            rep_t += list(seen)
+            rep_p += [spec.repetition_penalty] * len(seen)
+    if rep_r:
+        index = (_rows_tensor(rep_r, device, torch.long), _rows_tensor(rep_t, device, torch.long))
+        values, penalty = scores[index], _rows_tensor(rep_p, device, scores.dtype)
+        scores[index] = torch.where(values > 0, values / penalty, values * penalty)
+    sup_r, sup_t = [], []
+    for r, spec in enumerate(rows):
+        if len(spec.tokens) < spec.min_tokens and spec.suppress:
+            sup_r += [r] * len(spec.suppress)
+            sup_t += list(spec.suppress)
+    if sup_r:
+        scores[_rows_tensor(sup_r, device, torch.long), _rows_tensor(sup_t, device, torch.long)] = float("-inf")
+    for r, spec in enumerate(rows):
+        if spec.mask is not None:
+            scores[r] = spec.mask(spec, scores[r])
+
+
+def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
+    """Temperature, top-k, top-p and min-p for every row at once, then the race: token ids [rows]."""
+    device, vocab = scores.device, scores.shape[-1]
+    temperature = _rows_tensor([spec.temperature or 1.0 for spec in rows], device, torch.float32)
+    top_k = _rows_tensor([spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows], device, torch.long)
+    top_p = _rows_tensor([spec.top_p for spec in rows], device, torch.float32)
+    min_p = _rows_tensor([spec.min_p for spec in rows], device, torch.float32)
+    keys = _rows_tensor([row_key(spec.seed, spec.position) for spec in rows], device, torch.long)
+    ordered, order = (scores / temperature[:, None]).sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=device)
+    ordered = ordered.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    probs = probs.masked_fill(probs < min_p[:, None] * probs[:, :1], 0.0)
+    before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill((before >= top_p[:, None]) & (rank[None, :] > 0), 0.0)  # the first is always kept
+    race = probs / exponentials(keys[:, None], order)
+    return order.gather(1, race.argmax(dim=-1, keepdim=True)).squeeze(1)
+
+
+def choose_rows(rows, raw: torch.Tensor, index: list) -> torch.Tensor:
+    """The tokens of `rows` (their Specs) from raw logits [num_logits, vocab] at `index`, on the
+    logits' device; each Spec's position moves on by one, and rows that need their tokens on
+    the host get them."""
+    picks = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+    forced = [r for r, spec in enumerate(rows) if spec.forced is not None]
+    free = [r for r, spec in enumerate(rows) if spec.forced is None]
+    if forced:
+        tokens = [rows[r].forced[len(rows[r].tokens)] if len(rows[r].tokens) < len(rows[r].forced)
+                  else rows[r].forced_end for r in forced]
+        picks[_rows_tensor(forced, raw.device, torch.long)] = _rows_tensor(tokens, raw.device, torch.long)
+    if free:
+        subset = [rows[r] for r in free]
+        scores = raw.index_select(0, _rows_tensor([index[r] for r in free], raw.device, torch.long)).float()
+        _write_processing(subset, scores)
+        sampled = [r for r, spec in enumerate(subset) if spec.do_sample and spec.temperature != 0]
+        chosen = scores.argmax(dim=-1)
+        if sampled:
+            at = _rows_tensor(sampled, raw.device, torch.long)
+            chosen[at] = _sample([subset[r] for r in sampled], scores.index_select(0, at))
+        picks[_rows_tensor(free, raw.device, torch.long)] = chosen
+    for spec in rows:
+        spec.position += 1
+    host = [r for r, spec in enumerate(rows) if needs_tokens(spec)]
+    if host:
+        _to_host(rows, host, raw, index, picks)
+    return picks
+
+
+def _to_host(rows, host: list, raw: torch.Tensor, index: list, picks: torch.Tensor) -> None:
+    """One wait for the step: the tokens (and log-probabilities) of the rows whose state reads them."""
+    at = _rows_tensor(host, raw.device, torch.long)
+    tokens = picks.index_select(0, at)
+    wanted = [r for r in host if rows[r].logprobs]
+    chosen_lp = top_ids = top_lp = None
+    if wanted:
+        lp = torch.log_softmax(raw.index_select(0, _rows_tensor([index[r] for r in wanted], raw.device,
+                                                                torch.long)).float(), dim=-1)
+        picked = picks.index_select(0, _rows_tensor(wanted, raw.device, torch.long))
+        chosen_lp = lp.gather(1, picked[:, None]).squeeze(1).tolist()
+        k = max(rows[r].top_logprobs for r in wanted)
+        if k:
+            values, ids = lp.topk(k, dim=-1)
+            top_lp, top_ids = values.tolist(), ids.tolist()
+    for r, token in zip(host, tokens.tolist()):
+        rows[r].tokens.append(int(token))
+    for j, r in enumerate(wanted):
+        spec = rows[r]
+        spec.chosen_logprobs.append(float(chosen_lp[j]))
+        if spec.top_logprobs:
+            spec.top.append(list(zip(top_ids[j][:spec.top_logprobs], top_lp[j][:spec.top_logprobs])))
