@@ -67,7 +67,9 @@ def test_draws_follow_the_distribution_the_settings_leave(bs, sampler):
 def test_a_row_alone_or_among_31_others_gets_the_same_token(bs, sampler):
     torch.manual_seed(0)
     raw = torch.randn(32, 5000)
-    def settings(i):
+    def settings(i):  # every fourth row cuts nothing: it takes the path without a sort
+        if i % 4 == 3:
+            return dict(seed=100 + i, temperature=0.9)
         return dict(seed=100 + i, temperature=0.7, top_p=0.95, top_k=50 * (i % 3), min_p=0.02 * (i % 2))
 
     together = bs.choose_rows([spec(sampler, **settings(i)) for i in range(32)], raw.clone(), list(range(32)))

@@ -113,19 +113,35 @@ def _write_processing(rows, scores: torch.Tensor) -> None:
 def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p for every row at once, then the race: token ids [rows]."""
     device, vocab = scores.device, scores.shape[-1]
-    temperature = _rows_tensor([spec.temperature or 1.0 for spec in rows], device, torch.float32)
-    top_k = _rows_tensor([spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows], device, torch.long)
-    top_p = _rows_tensor([spec.top_p for spec in rows], device, torch.float32)
-    min_p = _rows_tensor([spec.min_p for spec in rows], device, torch.float32)
-    keys = _rows_tensor([row_key(spec.seed, spec.position) for spec in rows], device, torch.long)
-    ordered, order = (scores / temperature[:, None]).sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=device)
-    ordered = ordered.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    # One copy to the device for every row's settings (float64 holds the 32-bit keys exactly).
+    params = _rows_tensor([[spec.temperature or 1.0 for spec in rows],
+                           [spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows],
+                           [spec.top_p for spec in rows], [spec.min_p for spec in rows],
+                           [row_key(spec.seed, spec.position) for spec in rows]], device, torch.float64)
+    temperature, top_p, min_p = params[0, :, None].float(), params[2, :, None].float(), params[3, :, None].float()
+    keys = params[4, :, None].long()
+    scaled = scores / temperature
+    # A row with nothing to cut races over the whole vocabulary in token order, without a sort. The
+    # path is the row's own choice (by its settings), never its neighbours', so its bits are too.
+    uncut = [r for r, spec in enumerate(rows) if spec.top_k in (0, vocab) and spec.top_p >= 1.0 and not spec.min_p]
+    if len(uncut) == len(rows):
+        ids = torch.arange(vocab, device=device)[None, :]
+        return (torch.softmax(scaled, dim=-1) / exponentials(keys, ids)).argmax(dim=-1)
+    if uncut:
+        picks = torch.empty(len(rows), dtype=torch.long, device=device)
+        cut = [r for r in range(len(rows)) if r not in set(uncut)]
+        for group in (uncut, cut):
+            at = _rows_tensor(group, device, torch.long)
+            picks[at] = _sample([rows[r] for r in group], scores.index_select(0, at))
+        return picks
+    ordered, order = scaled.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=device)[None, :]
+    ordered = ordered.masked_fill(rank >= params[1, :, None].long(), float("-inf"))
     probs = torch.softmax(ordered, dim=-1)
-    probs = probs.masked_fill(probs < min_p[:, None] * probs[:, :1], 0.0)
+    probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
     before = probs.cumsum(dim=-1) - probs
-    probs = probs.masked_fill((before >= top_p[:, None]) & (rank[None, :] > 0), 0.0)  # the first is always kept
-    race = probs / exponentials(keys[:, None], order)
+    probs = probs.masked_fill((before >= top_p) & (rank > 0), 0.0)  # the first is always kept
+    race = probs / exponentials(keys, order)
     return order.gather(1, race.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 VOCAB = 151_552
-SETTINGS = {"agent": {"temperature": 0.7, "top_p": 0.95},
+SETTINGS = {"temperature": {"temperature": 0.7}, "agent": {"temperature": 0.7, "top_p": 0.95},
             "all": {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05}}
 
 
