@@ -94,9 +94,11 @@ def pristine_engine() -> build.Engine:
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
+    """synthetic:tiny at the test model's small context (synth.TINY_CONTEXT), not the default's."""
     from patchbay.runtime import synth  # torch and transformers: only for the tests that need a model
+    from patchbay.runtime.models import tiny_path
 
-    return str(synth.write_tiny(ROOT / ".cache" / "models" / "tiny-s0", seed=0))
+    return str(synth.write_tiny(tiny_path(0, synth.TINY_CONTEXT), seed=0))
 
 
 # A job under Triton's interpreter (TRITON_INTERPRET=1) checks kernels' bits, a row alone against

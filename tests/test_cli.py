@@ -58,6 +58,18 @@ def test_synth_air12_without_a_gpu_is_exit_2_in_one_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_synth_tiny_writes_the_context_asked_for_and_refuses_one_out_of_range(tmp_path):
+    import json
+
+    proc = patchbay("synth", "tiny", str(tmp_path / "t"), "--context", "2048")
+    assert proc.returncode == 0 and "(seed 0, context 2048)" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["max_position_embeddings"] == 2048
+    assert json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())["model_max_length"] == 2048
+    proc = patchbay("synth", "tiny", str(tmp_path / "u"), "--context", "64")
+    assert_one_line_error(proc, 2, "patchbay synth: ", "SYNTH_CONTEXT=64 is out of range")
+    assert not (tmp_path / "u").exists()
+
+
 def test_docker_verbs_refuse_the_local_runtime_in_one_line(tmp_path):
     cfg = tmp_path / "local.env"
     cfg.write_text("RUNTIME=local\nPORT=18123\n")

@@ -1,12 +1,13 @@
 """opencode, a real coding agent, against a live server: a whole agent turn, and compaction.
 
 opencode (pinned below, installed from npm into .cache/) runs offline (`opencode run`)
-with the provider config the README shows. The tiny model's weights are random, so its
-replies are queued with forced decoding (0110); everything else is real: opencode sends its
-~31 KB requests (system prompt, 10 tools, JSON Schema 2020-12), the engine runs every step,
-0080 parses the forced GLM tool call, opencode executes its `write` tool and sends the
-result back. The second reply is queued to match only a request whose last message is that
-tool result, so the final text proves the result came back.
+with the provider config the README shows, against a server of the embedded default
+(config/local.env.example: its model, context and KV cache) with forced decoding added: the
+tiny model's weights are random, so its replies are queued (0110). Everything else is real:
+opencode sends its ~31 KB requests (system prompt, 10 tools, JSON Schema 2020-12), the
+engine runs every step, 0080 parses the forced GLM tool call, opencode executes its `write`
+tool and sends the result back. The second reply is queued to match only a request whose
+last message is that tool result, so the final text proves the result came back.
 """
 
 import json
@@ -19,13 +20,13 @@ import httpx
 import pytest
 
 from patchbay import ROOT
+from patchbay.runtime.models import model_path
 
-from .conftest import ALL_ON, Server
+from .conftest import ALL_ON, LOCAL, Server
 
 pytestmark = pytest.mark.engine
 
 OPENCODE_VERSION = "1.18.33"
-CONTEXT = 16384  # opencode's first request is ~10.4K tokens of the tiny tokenizer
 OFFLINE = {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
 
@@ -36,7 +37,7 @@ def opencode() -> Path:
     binary = prefix / "node_modules" / ".bin" / "opencode"
     if not binary.exists():
         npm = shutil.which("npm")
-        assert npm, "npm is needed to install opencode (CI installs Node.js)"
+        assert npm, "npm is needed to install opencode (.ci/run installs Debian's nodejs and npm)"
         subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
                         f"opencode-ai@{OPENCODE_VERSION}"], check=True, capture_output=True, timeout=600)
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
@@ -46,32 +47,41 @@ def opencode() -> Path:
 
 @pytest.fixture(scope="module")
 def server(patched_engine, tmp_path_factory):
-    from patchbay.runtime import synth
-
-    model = synth.write_tiny(ROOT / ".cache" / "models" / f"tiny-s0-c{CONTEXT // 1024}k", seed=0, context=CONTEXT)
-    s = Server(patched_engine, str(model), {**ALL_ON, "PB_FORCED_DECODING": "1"}, tmp_path_factory.mktemp("run-oc"),
-               engine_args="--cb-num-blocks 160 --cb-max-batch-tokens 2048")
+    """The embedded default's server (Server starts from its config), plus forced decoding."""
+    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_FORCED_DECODING": "1"},
+               tmp_path_factory.mktemp("run-oc"))
     yield s
     s.stop()
 
 
-def provider_config(server) -> dict:
-    """The opencode config the README documents, pointed at this server."""
-    return {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"patchbay": {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "patchbay",
-            "options": {"baseURL": f"{server.url}/v1", "apiKey": "unused"},
-            "models": {"glm": {"id": server.model, "name": "GLM (patchbay)",
-                               "limit": {"context": CONTEXT, "output": 256}}},
-        }},
-        "model": "patchbay/glm",
-        "small_model": "patchbay/glm",
-        "permission": {"edit": "allow", "bash": "allow"},
-        "autoupdate": False,
-        "share": "disabled",
-    }
+@pytest.fixture(scope="module")
+def served(server) -> dict:
+    """What the server lists at GET /v1/models: the model id a client names, and its context."""
+    listed = httpx.get(f"{server.url}/v1/models").json()["data"]
+    assert len(listed) == 1, listed
+    assert listed[0]["context_length"] == LOCAL.synth_context  # 0040 reports the context the config asked for
+    return listed[0]
+
+
+def readme_config() -> dict:
+    """The opencode.json README shows: the first json block after its opencode heading."""
+    after = (ROOT / "README.md").read_text().split("**opencode.**", 1)[1]
+    return json.loads(after.split("```json\n", 1)[1].split("```", 1)[0])
+
+
+def provider_config(server, served) -> dict:
+    """README's opencode config, as a user fills it in for this server, plus test settings."""
+    documented = readme_config()
+    provider = documented["provider"]["patchbay"]
+    model = provider["models"]["glm"]
+    # What README says of the embedded default is what it serves: its address and its context.
+    assert provider["options"]["baseURL"] == f"{LOCAL.url}/v1"
+    assert model["limit"]["context"] == served["context_length"]
+    provider["options"]["baseURL"] = f"{server.url}/v1"
+    model["id"] = served["id"]
+    model["limit"]["output"] = 256  # the replies that are not queued (compaction's) stay short
+    return {**documented, "small_model": "patchbay/glm", "permission": {"edit": "allow", "bash": "allow"},
+            "autoupdate": False, "share": "disabled"}
 
 
 def run_opencode(binary: Path, project: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
@@ -97,10 +107,10 @@ def chat_statuses(server) -> list[int]:
 
 
 @pytest.fixture()
-def project(tmp_path, server):
+def project(tmp_path, server, served):
     root = tmp_path / "project"
     root.mkdir()
-    (root / "opencode.json").write_text(json.dumps(provider_config(server), indent=2))
+    (root / "opencode.json").write_text(json.dumps(provider_config(server, served), indent=2))
     return root
 
 
@@ -121,20 +131,23 @@ def test_an_agent_turn_writes_a_file(opencode, server, project, tmp_path):
     assert set(chat_statuses(server)) == {200}
 
 
-def test_a_prompt_over_the_context_makes_opencode_compact(opencode, server, project, tmp_path):
+def test_a_prompt_over_the_context_makes_opencode_compact(opencode, server, served, project, tmp_path):
     home = tmp_path / "home"
     queue(server, {"text": "Hello.", "when": {"tools": True}})
     first = run_opencode(opencode, project, home, "Say hello")
     assert first.returncode == 0 and "Hello." in first.stdout, first.stdout + first.stderr
     before = len(chat_statuses(server))
     queue(server, {"text": "Noted after compaction.", "when": {"tools": True, "last_user_contains": "Continue"}})
-    big = "Here is some background about patches and serving. " * 800  # ~ 8K tokens: over 16K with the rest
-    second = run_opencode(opencode, project, home, "--continue", big)
+    # About 58K tokens: over the context with opencode's ~10K of system prompt and tools, yet
+    # room for its compaction request. In pieces: Linux caps one argument at 128 KiB, and
+    # opencode joins its message's arguments with spaces.
+    big = ["Here is some background about patches and serving. " * 1200] * 3
+    second = run_opencode(opencode, project, home, "--continue", *big)
     output = second.stdout + second.stderr
     statuses = chat_statuses(server)[before:]
     # The 400 (context_length_exceeded, "maximum context length is N tokens") is one opencode
     # recognises: it reports it, compacts the conversation and carries on. (Its exit status
     # is 1 because it reported an error along the way.)
-    assert 400 in statuses and f"maximum context length is {CONTEXT} tokens" in second.stderr, output
+    assert 400 in statuses and f"maximum context length is {served['context_length']} tokens" in second.stderr, output
     assert "compacted" in second.stdout, output
     assert statuses[-1] == 200 and "Noted after compaction." in second.stdout, output

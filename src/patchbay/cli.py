@@ -32,6 +32,12 @@ def _lock():
     return Lock.read()
 
 
+def _default_context() -> int:
+    from .runtime.config import Config
+
+    return Config.synth_context
+
+
 def _config(args):
     from .runtime import config
 
@@ -112,11 +118,15 @@ def cmd_rebase(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from .runtime import synth
+    from .runtime import config, synth
 
     try:
         if args.kind == "tiny":
-            path = synth.write_tiny(Path(args.dir), seed=args.seed)
+            try:  # the one check of a context, the config's
+                config.Config(synth_context=args.context, source="synth --context")
+            except config.ConfigError as e:
+                raise Fail(str(e), 2) from None
+            path = synth.write_tiny(Path(args.dir), seed=args.seed, context=args.context)
         else:
             import torch
 
@@ -126,7 +136,8 @@ def cmd_synth(args) -> int:
             path = synth.write_air(Path(args.dir), args.kind, seed=args.seed, device=args.device)
     except ValueError as e:
         raise Fail(str(e), 2) from None
-    print(f"wrote synthetic:{args.kind} (seed {args.seed}) to {path}")
+    context = f", context {args.context}" if args.kind == "tiny" else ""
+    print(f"wrote synthetic:{args.kind} (seed {args.seed}{context}) to {path}")
     return 0
 
 
@@ -219,6 +230,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("kind", choices=["tiny", "air12", "air24"])
     s.add_argument("dir")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--context", type=int, default=_default_context(),
+                   help="tiny: the context in tokens (default: the embedded default's, %(default)s)")
     s.add_argument("--device", default="cuda", help="where air12/air24 are built before saving (default: cuda)")
     dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
     dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")

@@ -19,6 +19,7 @@ ALLOW_UNAUTHENTICATED=1
 PORT=8123
 CONTINUOUS_BATCHING=0
 SYNTH_SEED=7
+SYNTH_CONTEXT=4096
 READY_TIMEOUT=30
 ENGINE_ARGS="--cb-num-blocks 64"
 PB_ALPHA=1
@@ -47,7 +48,7 @@ def test_good_file_gives_typed_values(tmp_path):
     assert cfg.host == "0.0.0.0"
     assert cfg.port == 8123 and isinstance(cfg.port, int)
     assert cfg.continuous_batching is False
-    assert (cfg.synth_seed, cfg.ready_timeout) == (7, 30)
+    assert (cfg.synth_seed, cfg.synth_context, cfg.ready_timeout) == (7, 4096, 30)
     assert cfg.engine_args == "--cb-num-blocks 64"
     assert cfg.knobs == {"PB_ALPHA": "1", "PB_BETA": "x,y"}
     assert cfg.source == str(path)
@@ -113,6 +114,8 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     ("PAIR=My Pair", "PAIR=My Pair must be a container name prefix"),
     ("READY_TIMEOUT=0", "READY_TIMEOUT=0 must be at least 1"),
     ("SYNTH_SEED=", "SYNTH_SEED= is not an integer"),
+    ("SYNTH_CONTEXT=64", "SYNTH_CONTEXT=64 is out of range (allowed: 128-1048576 tokens)"),
+    ("SYNTH_CONTEXT=2097152", "SYNTH_CONTEXT=2097152 is out of range"),
     ("TP=0", "TP=0 is out of range (allowed: 1-8)"),
     ("TP=2", "TP=2 needs PB_TENSOR_PARALLEL=1"),
     ("PB_TENSOR_PARALLEL=1", "PB_TENSOR_PARALLEL=1 needs TP=2 or more"),

@@ -126,19 +126,24 @@ def test_a_crash_is_cleared_by_stop(tmp_path):
 LINGERS = {"pb_api_errors": "0", "pb_fault_isolation": "0"}
 
 
-def kill_the_batching_worker(url: str, model: str) -> None:
+def served_model(url: str) -> str:
+    """The model id the server at `url` lists (GET /v1/models): the one its clients name."""
+    return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def kill_the_batching_worker(url: str) -> None:
     """With LINGERS' knobs the batching worker dies on an empty prompt; /health then answers 503."""
-    r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": ""}, timeout=60)
+    r = httpx.post(f"{url}/v1/completions", json={"model": served_model(url), "prompt": ""}, timeout=60)
     assert r.status_code in (500, 503), r.text  # the request fails as 503 or 500, as the race goes
     assert httpx.get(f"{url}/health", timeout=5).json()["reason"] == "cb_worker_dead"
 
 
-def test_an_unhealthy_server_is_exit_1_with_the_reason(tmp_path, patched_engine, tiny_model):
+def test_an_unhealthy_server_is_exit_1_with_the_reason(tmp_path, patched_engine):
     cfg = write_config(tmp_path, port=free_port(), run_dir=str(tmp_path / "run"), **LINGERS)
     started = patchbay("start", "--config", cfg)
     try:
         assert started.returncode == 0, started.stderr
-        kill_the_batching_worker(launch.running(launch.RunFiles(tmp_path / "run"))["url"], tiny_model)
+        kill_the_batching_worker(launch.running(launch.RunFiles(tmp_path / "run"))["url"])
         status = patchbay("status", "--config", cfg)
         assert status.returncode == 1
         assert "health    unhealthy (HTTP 503: cb_worker_dead)" in status.stdout, status.stdout

@@ -142,6 +142,23 @@ def test_write_tiny_refuses_foreign_dir(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+def test_tiny_at_a_long_context_has_the_same_weights_and_takes_long_prompts(tiny, tmp_path, caplog):
+    long = synth.write_tiny(tmp_path / "long", seed=0, context=65536)
+    assert (long / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
+    for path, context in ((tiny, synth.TINY_CONTEXT), (long, 65536)):
+        assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == context
+        assert json.loads((path / synth.MARKER).read_text())["context"] == context
+    text = "def f(x):\n    return x + 1\n" * 4000  # about 40K tokens
+    caplog.clear()
+    ids = AutoTokenizer.from_pretrained(long)(text)["input_ids"]
+    assert 30000 < len(ids) < 65536 and "longer than the specified maximum" not in caplog.text
+    AutoTokenizer.from_pretrained(tiny)(text)  # the small context's tokenizer does warn: the check can fail
+    assert "longer than the specified maximum" in caplog.text
+    # Another context rewrites the checkpoint (the marker keys it).
+    assert synth.write_tiny(long, seed=0, context=1024) == long
+    assert json.loads((long / "config.json").read_text())["max_position_embeddings"] == 1024
+
+
 def test_tiny_loads_and_generates(tiny):
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny).eval()

@@ -12,25 +12,28 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from patchbay import ROOT
 from patchbay.runtime import launch
 
 from ..conftest import free_port
-from .test_launch import LINGERS, kill_the_batching_worker, patchbay, write_config
+from .test_launch import LINGERS, kill_the_batching_worker, patchbay, served_model, write_config
+
+pytestmark = pytest.mark.engine
 
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d watch: ")
 
 
-def chat(url: str, model: str) -> str:
+def chat(url: str) -> str:
     r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
-                   json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+                   json={"model": served_model(url), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
 
 
 def test_watch_once_starts_a_server_then_restarts_a_killed_one_with_the_config_read_again(
-        tmp_path, patched_engine, tiny_model):
+        tmp_path, patched_engine):
     run = tmp_path / "run"
     cfg = write_config(tmp_path, port=free_port(), run_dir=str(run))
     files = launch.RunFiles(run)
@@ -60,13 +63,13 @@ def test_watch_once_starts_a_server_then_restarts_a_killed_one_with_the_config_r
         assert status.returncode == 0 and "PB_SSE_DONE=0" in status.stdout, status.stdout
         info = launch.running(files)
         assert info["pid"] != first
-        assert chat(info["url"], tiny_model)
+        assert chat(info["url"])
     finally:
         patchbay("stop", "--config", cfg)
     assert patchbay("status", "--config", cfg).returncode == 3
 
 
-def test_watch_restarts_a_server_after_n_failed_health_checks(tmp_path, patched_engine, tiny_model):
+def test_watch_restarts_a_server_after_n_failed_health_checks(tmp_path, patched_engine):
     run = tmp_path / "run"
     cfg = write_config(tmp_path, port=free_port(), run_dir=str(run), **LINGERS)
     files = launch.RunFiles(run)
@@ -88,7 +91,7 @@ def test_watch_restarts_a_server_after_n_failed_health_checks(tmp_path, patched_
                 return None
 
         assert next_line(3.0) is None  # healthy: a few checks, not a word
-        kill_the_batching_worker(info["url"], tiny_model)
+        kill_the_batching_worker(info["url"])
         lines = [next_line(30.0) for _ in range(4)]
         assert all(line and STAMPED.match(line) for line in lines), lines
         assert lines[0].endswith("watch: health unhealthy (HTTP 503: cb_worker_dead) (1 of 3 failed checks before "
@@ -99,7 +102,7 @@ def test_watch_restarts_a_server_after_n_failed_health_checks(tmp_path, patched_
         assert lines[3] is not None and "watch: serving " in lines[3]
         restarted = launch.running(files)
         assert restarted["pid"] != info["pid"] and launch.health(restarted["url"]) == "ok"
-        assert chat(restarted["url"], tiny_model)
+        assert chat(restarted["url"])
         assert next_line(2.0) is None  # healthy again: quiet again
     finally:
         if watcher is not None:

@@ -38,6 +38,9 @@ class Config:
     device: str = "cpu"  # passed to `transformers serve --device`
     continuous_batching: bool = True
     synth_seed: int = 0
+    # MODEL=synthetic:tiny's context in tokens (its max_position_embeddings and the tokenizer's
+    # model_max_length; no weight depends on it). Coding agents send 10K-30K tokens at once.
+    synth_context: int = 65536
     ready_timeout: int = 600  # seconds for the first streamed token after start
     engine_args: str = ""  # extra `transformers serve` flags, space-separated
     tp: int = 1  # tensor-parallel ranks; > 1 needs PB_TENSOR_PARALLEL=1 (local: all ranks on this machine)
@@ -102,6 +105,8 @@ class Config:
         except ValueError:
             if self.host != "localhost":
                 raise ConfigError(f"{where}: HOST={self.host} is not an IP address (e.g. 127.0.0.1)") from None
+        if not 128 <= self.synth_context <= 1 << 20:
+            raise ConfigError(f"{where}: SYNTH_CONTEXT={self.synth_context} is out of range (allowed: 128-1048576 tokens)")
         if self.ready_timeout < 1:
             raise ConfigError(f"{where}: READY_TIMEOUT={self.ready_timeout} must be at least 1 (seconds)")
         if not 1 <= self.tp <= 8:

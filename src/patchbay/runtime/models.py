@@ -9,12 +9,19 @@ from ..verb import Fail
 from .config import Config
 
 
+def tiny_path(seed: int, context: int) -> Path:
+    """Where synthetic:tiny of this seed and context is kept: one folder each, so a server and the
+    tests, at different contexts, never rewrite each other's checkpoint."""
+    return ROOT / ".cache" / "models" / f"tiny-s{seed}-c{context}"
+
+
 def model_path(cfg: Config) -> str:
     """The checkpoint folder cfg serves: the synthetic tiny model is written on first use."""
     if cfg.model == "synthetic:tiny":
         from . import synth
 
-        return str(synth.write_tiny(ROOT / ".cache" / "models" / f"tiny-s{cfg.synth_seed}", seed=cfg.synth_seed))
+        return str(synth.write_tiny(tiny_path(cfg.synth_seed, cfg.synth_context), seed=cfg.synth_seed,
+                                    context=cfg.synth_context))
     path = Path(cfg.model).resolve()
     if not (path / "config.json").is_file():
         raise Fail(f"{cfg.source}: MODEL={cfg.model}: no config.json in {path}; give a local checkpoint folder", 2)

@@ -30,6 +30,9 @@ STOP_TOKENS = (EOS, "<|user|>", "<|observation|>")
 VOCAB_SIZE = 4000
 MARKER = "patchbay-synth.json"
 TINY = "synthetic:tiny"
+# The test model's context (tests that meet the context limit build prompts past it). The served
+# default's context is Config.synth_context; no weight depends on it, so the weights are the same.
+TINY_CONTEXT = 512
 
 # Plain-Python modules present in every CPython 3.x install and rarely rewritten. A different
 # interpreter may still ship different text; corpus_sha256 in the marker makes that visible.
@@ -123,11 +126,12 @@ def corpus_texts() -> tuple[list[str], str]:
     return texts, digest.hexdigest()
 
 
-def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
+def build_tokenizer(seed: int = 0, context: int = TINY_CONTEXT) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on the stdlib corpus, with the GLM special tokens and chat template.
 
     BPE training has no randomness, so `seed` changes nothing; it is accepted so every builder
-    here takes the same arguments.
+    here takes the same arguments. `context` is the model's, as the tokenizer's model_max_length
+    (longer texts would warn on encode).
     """
     del seed
     texts, _ = corpus_texts()
@@ -148,7 +152,7 @@ def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
         pad_token=EOS,
         extra_special_tokens=[t for t in SPECIAL_TOKENS if t != EOS],
         clean_up_tokenization_spaces=False,  # decode must give back the exact text
-        model_max_length=512,
+        model_max_length=context,
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -177,9 +181,6 @@ def padded_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 
 def stop_ids(tok: PreTrainedTokenizerFast) -> list[int]:
     return tok.convert_tokens_to_ids(list(STOP_TOKENS))
-
-
-TINY_CONTEXT = 512
 
 
 def tiny_config(vocab_size: int, stop: list[int] | None = None, pad: int | None = None,
@@ -385,7 +386,7 @@ def read_marker(path: Path) -> dict | None:
 
 
 def _save_tiny(out: Path, seed: int, context: int) -> None:
-    tok = build_tokenizer(seed)
+    tok = build_tokenizer(seed, context)
     stop = stop_ids(tok)
     config = tiny_config(len(tok), stop=stop, pad=tok.pad_token_id, context=context)
     torch.manual_seed(seed)
@@ -408,10 +409,11 @@ def _save_tiny(out: Path, seed: int, context: int) -> None:
 
 
 def write_tiny(out_dir: str | os.PathLike, seed: int = 0, context: int = TINY_CONTEXT) -> Path:
-    """Write the `synthetic:tiny` checkpoint for `seed` into `out_dir` and return its path.
+    """Write the `synthetic:tiny` checkpoint for `seed` and `context` into `out_dir`; its path.
 
-    An existing checkpoint for the same seed and corpus is returned as is. A synth checkpoint of
-    another seed is replaced. Any other non-empty directory is refused: it may hold user files.
+    An existing checkpoint for the same seed, corpus and context is returned as is. A synth
+    checkpoint of another seed or context is replaced. Any other non-empty directory is refused:
+    it may hold user files.
     """
     out = Path(out_dir)
     marker = read_marker(out)

@@ -74,7 +74,10 @@ def patchbay(*args, timeout=600):
 
 
 def write_env(tmp_path, name="pair.env", worker="", knobs=None, **settings):
-    values = {"MODEL": "synthetic:tiny", "HOST": "127.0.0.1", "PORT": str(free_port()), "RUNTIME": "docker",
+    from patchbay.runtime import synth
+
+    # SYNTH_CONTEXT: the test model's, so the pair serves server_on's checkpoint (tiny_model)
+    values = {"MODEL": "synthetic:tiny", "SYNTH_CONTEXT": str(synth.TINY_CONTEXT), "HOST": "127.0.0.1", "PORT": str(free_port()), "RUNTIME": "docker",
               "HEAD": "local", "WORKER": worker, "RDZV_PORT": str(free_port()), "READY_TIMEOUT": "300",
               "PAIR": f"pbtest-{os.getpid()}", "ENGINE_ARGS": "--cb-num-blocks 64 --cb-max-batch-tokens 1024",
               **settings}
