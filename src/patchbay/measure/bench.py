@@ -117,13 +117,21 @@ def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = 
         messages = with_first_line(messages, f"Copy {copy + 1}.\n\n")
     if plan.cold:  # a line of its own first, so no page of the prompt matches one the server cached
         messages = with_first_line(messages, f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n")
-    body = {"model": plan.model, "messages": messages, "stream": True, "temperature": 0,
-            "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
+    # include_usage: a server in OpenAI's stream shape (PB_OPENAI_SHAPES) sends usage only when asked;
+    # upstream ignores the field.
+    body = {"model": plan.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+            "temperature": 0, "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
     if prompt.tools:
         body["tools"] = prompt.tools
     if plan.arms[arm]:
         body["pb_knobs"] = plan.arms[arm]
     return body
+
+
+def _reply_parts(delta: dict) -> dict:
+    """A delta's text by the field an assistant message carries it in (a conversation resends them)."""
+    return {"content": delta.get("content") or "",
+            "reasoning_content": delta.get("reasoning_content") or delta.get("reasoning") or ""}
 
 
 def _reply_text(delta: dict) -> str:
@@ -134,12 +142,15 @@ def _reply_text(delta: dict) -> str:
     return text
 
 
-def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm: str = "A") -> dict:
-    """Send one streamed request; its timings (seconds since `epoch`), usage and reply hash."""
+def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm: str = "A",
+                keep_reply: bool = False) -> dict:
+    """Send one streamed request; its timings (seconds since `epoch`), usage and reply hash (and,
+    with `keep_reply`, the reply's text by field under `reply`, for a conversation's next turn)."""
     rec: dict = {"t_start": time.perf_counter() - epoch, "t_first": None, "t_last": None,
-                 "completion_tokens": None, "prompt_tokens": None, "finish_reason": None,
+                 "completion_tokens": None, "prompt_tokens": None, "cached_tokens": None, "finish_reason": None,
                  "fingerprint": None, "text_sha256": None, "error": None}
     text: list[str] = []
+    parts: dict = {"content": [], "reasoning_content": []}
     try:
         with client.stream("POST", f"{plan.url_of(arm)}/v1/chat/completions", json=body,
                            timeout=plan.timeout) as r:
@@ -156,6 +167,9 @@ def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm:
                     return rec
                 for choice in chunk.get("choices") or []:
                     piece = _reply_text(choice.get("delta") or {})
+                    if keep_reply:
+                        for key, value in _reply_parts(choice.get("delta") or {}).items():
+                            parts[key].append(value)
                     if piece:
                         text.append(piece)
                         rec["t_last"] = now
@@ -166,12 +180,15 @@ def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm:
                 if chunk.get("usage"):
                     rec["completion_tokens"] = chunk["usage"].get("completion_tokens")
                     rec["prompt_tokens"] = chunk["usage"].get("prompt_tokens")
+                    rec["cached_tokens"] = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
                 if chunk.get("pb_fingerprint"):
                     rec["fingerprint"] = chunk["pb_fingerprint"]
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"[:300]
         return rec
     rec["text_sha256"] = hashlib.sha256("".join(text).encode()).hexdigest()
+    if keep_reply:
+        rec["reply"] = {key: "".join(values) for key, values in parts.items()}
     if rec["completion_tokens"] is None:
         rec["error"] = "the stream ended without a usage block"
     return rec

@@ -120,3 +120,64 @@ def latency_plot(summary: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+
+
+def agent_aggregate_plot(summary: dict, config: dict, out: Path) -> None:
+    """An agent run's aggregate tok/s against concurrency, a colour per mode (arm A solid, B dashed)."""
+    levels = sorted(summary["levels"], key=int)
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
+    modes = list(summary["levels"][levels[0]]["modes"]) if levels else []
+    for i, mode in enumerate(modes):
+        for arm, style in zip(config["arms"], ("o-", "s--")):
+            pts = [(int(lv), summary["levels"][lv]["modes"][mode][arm]["aggregate_tps"]) for lv in levels]
+            pts = [(x, y) for x, y in pts if y is not None]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], style, color=f"C{i % 10}",
+                        label=f"{mode}" + (f" {arm}" if len(config["arms"]) > 1 else ""))
+    if levels and int(levels[-1]) / max(int(levels[0]), 1) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks([int(lv) for lv in levels], [str(lv) for lv in levels])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate tok/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(summary["headline"], fontsize=7)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def agent_ratio_plot(summary: dict, config: dict, out: Path) -> None:
+    """An agent run's paired ratios of aggregate tok/s (mode pairs per arm, and B/A per mode) with
+    their 95 % CI, a marker series per concurrency level."""
+    levels = list(summary["levels"])
+    rows = []  # (label, level -> ratio dict)
+    for pair in summary.get("pairs", []):
+        for arm in config["arms"]:
+            rows.append((f"{pair} {arm}" if len(config["arms"]) > 1 else pair,
+                         {lv: summary["levels"][lv]["ratios"][pair][arm]["aggregate"] for lv in levels}))
+    modes = list(summary["levels"][levels[0]]["b_over_a"]) if levels else []
+    rows += [(f"B/A {m}", {lv: summary["levels"][lv]["b_over_a"][m]["aggregate"] for lv in levels}) for m in modes]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.2), dpi=100)
+    width = 0.7 / max(len(levels), 1)
+    for k, level in enumerate(levels):
+        xs, ys, lo, hi = [], [], [], []
+        for i, (_, by_level) in enumerate(rows):
+            r = by_level[level]
+            if r["ratio"] is None:
+                continue
+            ci = r["ci95"] or (r["ratio"], r["ratio"])
+            xs.append(i - 0.35 + width * (k + 0.5))
+            ys.append(r["ratio"])
+            lo.append(max(r["ratio"] - ci[0], 0.0))
+            hi.append(max(ci[1] - r["ratio"], 0.0))
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=f"C{level}")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("aggregate tok/s, ratio")
+    ax.set_title("paired ratios, median over reps, 95 % CI", fontsize=9)
+    if levels:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

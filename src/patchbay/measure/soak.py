@@ -77,10 +77,12 @@ def context_length(url: str, model: str) -> int | None:
         data = httpx.get(f"{url}/v1/models", timeout=30.0).json().get("data") or []
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    for entry in data:
-        if isinstance(entry, dict) and entry.get("id") == model:
-            value = entry.get("context_length") or entry.get("max_model_len")
-            return int(value) if isinstance(value, int) else None
+    entries = [e for e in data if isinstance(e, dict)]
+    # A server that lists one model under a served name (PB_SERVED_NAMES) still serves it by its path.
+    named = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1 else [])
+    for entry in named[:1]:
+        value = entry.get("context_length") or entry.get("max_model_len")
+        return int(value) if isinstance(value, int) else None
     return None
 
 

@@ -172,7 +172,7 @@ def int_list(text: str, what: str) -> list[int]:
 
 
 def cmd_ab(args) -> int:
-    from . import bench, windows
+    from . import agent, agent_report, agent_run, bench, windows
 
     try:
         restart = None
@@ -192,6 +192,8 @@ def cmd_ab(args) -> int:
             arms = bench.arms_from_json(args.a_json, args.b_json)
         elif args.b_url:
             arms = {"A": {}, "B": {}}
+        elif args.workload == "agent":
+            arms = {"A": {}}  # one arm: the mode ratios alone
         else:
             raise bench.BenchError("name the two arms: --knob PB_X=a,b, or --a-json '{...}' --b-json '{...}'", 2)
         levels = int_list(args.concurrency, "--concurrency")
@@ -205,6 +207,15 @@ def cmd_ab(args) -> int:
         if args.b_url and restart:
             raise bench.BenchError("--b-url names B's server; --a-config/--b-config start their own", 2)
         b_url = args.b_url.rstrip("/") if args.b_url else None
+        if args.workload == "agent":
+            result, window = agent_run.from_args(args, arms, url, b_url, levels, results_dir, invocation(), restart,
+                                                 None if args.quiet else bench.Progress(),
+                                                 None if args.quiet else lambda line: print(line, file=sys.stderr))
+            return _ab_done(args, result["summary"], window, results_dir,
+                            lambda level, data: agent_report.level_tables(level, data, list(arms)))
+        agent_flags = [f"--{n.replace('_', '-')}" for n in agent.AGENT_ONLY if getattr(args, n) is not None]
+        if agent_flags:
+            raise bench.BenchError(f"{', '.join(agent_flags)}: flags of --workload agent", 2)
         server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens, cold=args.cold,
                                         distinct_copies=args.distinct_copies)
         if b_url:
@@ -228,10 +239,16 @@ def cmd_ab(args) -> int:
     finally:
         if restart:
             restart.stop()
-    summary = result["summary"]
+    return _ab_done(args, result["summary"], window, results_dir, windows.level_table)
+
+
+def _ab_done(args, summary: dict, window, results_dir: Path, table) -> int:
+    """ab's tables, headline, window and exit code, whichever workload ran."""
+    from . import windows
+
     if not args.quiet:
         for level, data in summary["levels"].items():
-            print("\n".join(windows.level_table(level, data)))
+            print("\n".join(table(level, data)))
     print(summary["headline"])
     if window:
         if results_dir.resolve() == windows.RESULTS_DIR.resolve():
@@ -358,7 +375,7 @@ def cmd_results(args) -> int:
 
 
 def add_verbs(verb) -> None:
-    from . import soak_plan
+    from . import agent, soak_plan
 
     x = verb("exact", cmd_exact, "the exactness contract: knobs unset == pristine, same-bits knobs, batched == alone")
     x.add_argument("--pristine", action="store_true",
@@ -415,7 +432,9 @@ def add_verbs(verb) -> None:
                          "'Copy N.', the same in both arms: no two requests are alike (identical copies "
                          "get identical replies from a batch-invariant engine, which route to the same "
                          "experts and flatter an MoE's decode)")
-    ab.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    agent.add_arguments(ab)
+    ab.add_argument("--seed", type=int, default=0, help="bootstrap seed, and with --workload agent the choice of "
+                    "texts and each sampled request's seed (default: 0)")
     ab.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
     ab.add_argument("--time-limit", type=float, default=3600.0,
                     help="no new pass starts after this many seconds (default: 3600)")
