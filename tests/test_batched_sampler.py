@@ -132,3 +132,28 @@ def test_seeded_replies_alone_equal_replies_batched_with_31_others(batched_serve
     assert len(set(together[4:])) > 20  # unseeded requests draw their own seeds
     assert _reply(batched_server, 0, None, temperature=0) == _reply(server_on, 0, None, temperature=0)
     assert alone[0] == _reply(batched_server, 0, seed=1000)  # replayable
+
+
+def test_uniforms_stay_inside_the_open_interval_at_the_extremes(bs):
+    h = torch.tensor([0, 1, 2**23 - 1, 2**31, 2**32 - 2, 2**32 - 1])
+    u = bs.uniform(h)
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    e = -torch.log(u)
+    assert bool(torch.isfinite(e).all()) and bool((e > 0).all())  # an E of 0 let a zero-probability token win
+
+
+def test_a_masked_row_never_gets_a_token_of_probability_zero(bs, sampler):
+    torch.manual_seed(3)
+    allowed = torch.tensor([5, 17, 900])
+
+    def mask(spec, scores):
+        keep = scores[allowed].clone()
+        scores.fill_(float("-inf"))
+        scores[allowed] = keep
+        return scores
+
+    rows = [spec(sampler, seed=s, temperature=1.0, top_p=0.9 if s % 2 else 1.0) for s in range(300)]
+    for r in rows:
+        r.mask = mask
+    picks = bs.choose_rows(rows, torch.randn(300, 151_552), list(range(300)))
+    assert set(picks.tolist()) <= {5, 17, 900}

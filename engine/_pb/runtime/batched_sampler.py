@@ -51,8 +51,13 @@ def row_key(seed: int, position: int) -> int:
 def exponentials(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """E ~ Exp(1) for each (row key, token id): keys [rows, 1] int64, token_ids [rows, n] int64."""
     h = _fmix32((keys ^ ((token_ids * 0x27D4EB2F) & MASK32)) & MASK32)
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
-    return -torch.log(u)
+    return -torch.log(uniform(h))
+
+
+def uniform(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 in (0, 1), never 0 or 1: 23 bits, so x + 0.5 is exact in float32 (with
+    24, x = 2**24 - 1 rounded up to 1.0, its E to 0, and a token of probability 0 won the race)."""
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def needs_tokens(spec) -> bool:

@@ -51,6 +51,7 @@ class Spec:
     top: list = field(default_factory=list)  # per token: [(id, logprob), ...]
     generator: object = None
     position: int = 0  # tokens chosen so far (PB_BATCHED_SAMPLER's counter-based draws)
+    batched: bool = False  # PB_BATCHED_SAMPLER, as the request had it
 
     @property
     def plain_greedy(self) -> bool:
@@ -64,7 +65,8 @@ def batched() -> bool:
 
 
 def register(request_id: str, spec: Spec) -> None:
-    if batched():
+    spec.batched = batched()
+    if spec.batched:
         if spec.seed is None:
             spec.seed = batched_sampler.draw_seed()
     elif spec.do_sample:
@@ -117,12 +119,15 @@ def _override(runner, logits: torch.Tensor, output_ids: torch.Tensor) -> None:
     if not rows:
         return
     raw = logits[0]  # [num_logits, vocab], float32, before any processor
-    if batched():
-        index = [i for i, _ in rows]
-        picks = batched_sampler.choose_rows([spec for _, spec in rows], raw, index)
+    together = [(i, spec) for i, spec in rows if spec.batched]  # each row as its own request chose
+    if together:
+        index = [i for i, _ in together]
+        picks = batched_sampler.choose_rows([spec for _, spec in together], raw, index)
         output_ids[0, torch.tensor(index, dtype=torch.long).to(raw.device, non_blocking=True)] = \
             picks.to(output_ids.dtype)
-        return
+        rows = [(i, spec) for i, spec in rows if not spec.batched]
+        if not rows:
+            return
     greedy = [i for i, spec in rows if spec.plain_greedy]
     if greedy:
         index = torch.tensor(greedy, device=raw.device)
