@@ -432,8 +432,10 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
             spec = spec or sampler.Spec()
             spec.mask = mask
     spec = under_graphs(cb, spec)
-    # A tool grammar's calls may carry its whitespace padding inside their values (not 0150's).
-    padded = tool_constraint is not None and tool_constraint.matcher is not None and not thinking.on()
+    # A tool grammar's calls may carry its whitespace padding inside their values (not 0150's tight
+    # grammar of tool_choice required or a named function; auto with strict tools keeps it).
+    padded = (tool_constraint is not None and tool_constraint.matcher is not None
+              and not getattr(tool_constraint, "calls_only", False))
     n = (_fields.get() or {}).get("n") or 1
     if n > 1 and (constraint is not None or (spec is not None and spec.forced is not None)):
         raise _bad("n > 1 cannot be combined with a grammar (response_format, guided fields, an enforced "
