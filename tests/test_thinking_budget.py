@@ -232,3 +232,26 @@ def test_json_replies_are_tight(engine, tok, ids):
 
     assert ok('{"city":"Oslo","pop":3}')
     assert not ok('{"city": "Oslo", "pop": 3}') and not ok('{"city":"Oslo" ,"pop":3}')
+
+
+def test_a_call_that_would_not_fit_is_not_begun(engine, tok, ids):
+    grammar, thinking = engine["grammar"], engine["thinking"]
+    call = [ids["<tool_call>"], *tok.encode(CALL[len("<tool_call>"):-len("</tool_call>")], add_special_tokens=False),
+            ids["</tool_call>"]]
+    import xgrammar as xgr
+
+    functions = [{"type": "function", "function": t["function"]} for t in (WEATHER, NOW)]
+    tag = xgr.get_model_structural_tag("glm_4_7", tools=functions, tool_choice="required", reasoning="disabled",
+                                       max_whitespace_cnt=1)
+    comp = grammar.compiler(tok, len(tok), [ids["<|endoftext|>"]])
+    compiled = thinking.compile_tool_tag(comp, tag, True, [ids["<tool_call>"], ids["</tool_call>"]])
+    end = ids["<|endoftext|>"]
+    for room, may_call_again in ((2 * len(call) + 1, True), (2 * len(call), False)):
+        mask = thinking.Budget(lambda: grammar.Constraint(compiled, tok, len(tok), "body"), ids["</think>"], 0,
+                               max_new_tokens=room, stops=[end])
+        spec = Spec()
+        for token in call:
+            assert token in allowed(mask, spec, len(tok))
+            spec.tokens.append(token)
+        after = allowed(mask, spec, len(tok))
+        assert end in after and (ids["<tool_call>"] in after) == may_call_again

@@ -87,8 +87,8 @@ class Budget:
         return scores
 
     def _end_when_full(self, spec, scores: torch.Tensor) -> None:
-        # The required calls' grammar may end only just after a complete call: each such step
-        # closes a call (the tokens may spell the markers in pieces, so ids are not counted).
+        # The required calls' grammar may end only just after a complete call: each step where
+        # it may end closes one (read from the grammar, whatever tokens spelled the call).
         if self.mark is None:
             self.mark = len(spec.tokens)
         ends = [t for t in self.stops if scores[t] > float("-inf")]
