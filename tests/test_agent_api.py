@@ -477,14 +477,17 @@ def test_a_tool_grammar_s_padding_is_not_part_of_a_value(agent):
         "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}}}}}
     text = ("<tool_call>weather<arg_key>city</arg_key><arg_value>Copenhagen12\n</arg_value>"
             "<arg_key>unit</arg_key><arg_value> c</arg_value></tool_call>")
+    # (0140 alone: 0150's tight grammar admits no such padding.)
     kw = {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "weather"}},
-          "reasoning_effort": "none", "extra_body": forced(text)}
+          "reasoning_effort": "none", "extra_body": forced(text, PB_THINKING_BUDGET=0)}
     expected = [("weather", {"city": "Copenhagen12", "unit": "c"})]
     assert calls(chat(agent, **kw)) == expected
     assert streamed_calls(chat(agent, stream=True, **kw)) == expected
-    # Without a grammar the same reply is read as written.
-    free = {**kw, "tool_choice": "auto"}
-    assert calls(chat(agent, **free)) == [("weather", {"city": "Copenhagen12\n", "unit": " c"})]
+    # Without a grammar the same reply is read as written; so is it under 0150's grammar, which
+    # leaves no room for padding (the forced reply here goes around the grammar).
+    as_written = [("weather", {"city": "Copenhagen12\n", "unit": " c"})]
+    assert calls(chat(agent, **{**kw, "tool_choice": "auto"})) == as_written
+    assert calls(chat(agent, **{**kw, "extra_body": forced(text)})) == as_written
 
 
 def test_tool_choice_none_forbids_calls(agent):

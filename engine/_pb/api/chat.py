@@ -13,7 +13,8 @@ import hashlib
 import json
 import time
 
-from . import choices, errors, fingerprint, forced, glm_parser, grammar, limits, shapes, usage, vllm_fields
+from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, shapes, thinking, usage,
+               vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
 from .. import knobs
@@ -32,7 +33,8 @@ def samples() -> bool:
 
 def engaged(model, use_cb: bool) -> bool:
     """Whether this request takes patchbay's reply path (continuous batching only)."""
-    return use_cb and (parses(model) or samples() or forced.on() or grammar.on() or grammar.tools_on())
+    return use_cb and (parses(model) or samples() or forced.on() or grammar.on() or grammar.tools_on()
+                       or thinking.on())
 
 
 # Fields of the request that upstream's validation must not see (or would only warn about).
@@ -74,6 +76,10 @@ def take_fields(body: dict) -> None:
         for key in grammar.FIELDS:
             if key in body:
                 taken[key] = body.pop(key)
+    if thinking.on():
+        effort = messages.asked_effort() if messages.on() else body.pop("reasoning_effort", None)
+        thinking.check_effort(effort)
+        taken["reasoning_effort"] = effort
     _fields.set(taken)
 
 
@@ -334,6 +340,38 @@ def _chunk(request_id: str, model_id: str, created: int, delta: dict | None, fin
     return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _graphs_block(cb) -> bool:
+    return any(cb.continuous_batching_config.cuda_graph_booleans) and not graphs.on()
+
+
+def thinking_mask(constraint, tokenizer, model, input_ids, max_new_tokens, eos, cb):
+    """0150: the request's mask with its thinking budget (the constraint itself when the reply
+    does not think and writes no required calls, or when a plain reply's mask could not run
+    under CUDA graphs)."""
+    phase = grammar.start_phase(tokenizer, input_ids)
+    ids = tokenizer.convert_tokens_to_ids
+    stops = None
+    if getattr(constraint, "calls_only", False):
+        stops = list(eos if isinstance(eos, (list, tuple)) else [eos])
+    if phase == "body" and stops is None:  # the prompt closed the thinking, or the template has none
+        return constraint
+    if constraint is None and _graphs_block(cb):
+        return None
+    if constraint is None or constraint.matcher is None:
+        # No grammar (tool_choice none only forbids the call tokens): a constraint that follows
+        # the phases from where the prompt left them.
+        vocab, forbid = model.config.get_text_config().vocab_size, constraint.forbid if constraint else []
+
+        def make():
+            follower = grammar.Constraint(None, tokenizer, vocab, phase)
+            follower.forbid = forbid
+            return follower
+    else:
+        make = lambda: constraint
+    budget = thinking.budget_for((_fields.get() or {}).get("reasoning_effort"), max_new_tokens)
+    return thinking.Budget(make, ids(glm_parser.END_THINK), budget, max_new_tokens, stops)
+
+
 def under_graphs(cb, spec):
     """The spec to register, given whether the server captures CUDA graphs (resolved when the
     manager was created: the batch processor may not exist yet)."""
@@ -387,9 +425,17 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     errors.check_inputs(model, inputs, gen_config)
     shapes.check_room(body, len(input_ids), max_model_len(model.config))
     cb = gen_manager._cb
+    if thinking.on():
+        mask = thinking_mask(constraint, tokenizer, model, input_ids, gen_config.max_new_tokens,
+                            gen_config.eos_token_id, cb)
+        if mask is not None:
+            spec = spec or sampler.Spec()
+            spec.mask = mask
     spec = under_graphs(cb, spec)
-    # A tool grammar's calls may carry its whitespace padding inside their values.
-    padded = tool_constraint is not None and tool_constraint.matcher is not None
+    # A tool grammar's calls may carry its whitespace padding inside their values (not 0150's tight
+    # grammar of tool_choice required or a named function; auto with strict tools keeps it).
+    padded = (tool_constraint is not None and tool_constraint.matcher is not None
+              and not getattr(tool_constraint, "calls_only", False))
     n = (_fields.get() or {}).get("n") or 1
     if n > 1 and (constraint is not None or (spec is not None and spec.forced is not None)):
         raise _bad("n > 1 cannot be combined with a grammar (response_format, guided fields, an enforced "
@@ -400,6 +446,9 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
         lambda rid, s: Reply(rid, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
                              spec=s, stops=stops, eos=eos, padded=padded),
         input_ids, gen_config.max_new_tokens, (eos or -1) if vllm_fields.on() else eos)
+    for s in group.specs[1:]:  # each choice thinks on its own budget
+        if s is not None and isinstance(s.mask, thinking.Budget):
+            s.mask = s.mask.fresh()
     created = int(time.time())
 
     if not body.get("stream"):

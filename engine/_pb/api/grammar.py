@@ -19,6 +19,7 @@ import threading
 import torch
 
 from .. import knobs
+from . import thinking
 
 
 # Enforced by xgrammar 0.2.9 (each checked against a violating and a valid text in tests).
@@ -141,11 +142,13 @@ def requested(body: dict, taken: dict) -> tuple | None:
 def compile_body(comp, kind: str, value, param: str):
     """The grammar the reply (after its thinking) must match."""
     try:
-        # Compact JSON: no free whitespace between tokens, so a reply cannot pad itself forever.
+        # Compact JSON: no free whitespace between tokens, so a reply cannot pad itself forever;
+        # with 0150 not even after "," and ":".
+        tight = {"separators": thinking.JSON_SEPARATORS} if thinking.on() else {}
         if kind == "json_object":
-            return comp.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            return comp.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False, **tight)
         if kind == "json":
-            return comp.compile_json_schema(json.dumps(value), any_whitespace=False, strict_mode=False)
+            return comp.compile_json_schema(json.dumps(value), any_whitespace=False, strict_mode=False, **tight)
         if kind == "regex":
             return comp.compile_regex(value)
         if kind == "choice":
@@ -319,8 +322,15 @@ def tool_constraint(body: dict, tokenizer, model, gen_config, input_ids) -> Cons
     tag = xgr.get_model_structural_tag("glm_4_7", tools=functions, tool_choice=choice, reasoning="disabled",
                                        parallel_tool_calls=parallel, max_whitespace_cnt=1)
     try:
-        compiled = comp.compile_structural_tag(tag)
+        if thinking.on() and choice != "auto":  # 0150: no padding in values, no text after the calls
+            ids = [tokenizer.convert_tokens_to_ids(t) for t in (thinking.TOOL_CALL, thinking.END_TOOL_CALL)]
+            markers = None if tokenizer.unk_token_id in ids or None in ids else ids
+            compiled = thinking.compile_tool_tag(comp, tag, parallel, markers)
+        else:
+            compiled = comp.compile_structural_tag(tag)
     except Exception as e:
         raise knobs.PBRequestError(400, f"the tools' schemas could not be compiled: {str(e).splitlines()[-1][:300]}",
                                    code="invalid_schema", param="tools") from None
-    return Constraint(compiled, tokenizer, vocab, start_phase(tokenizer, input_ids))
+    constraint = Constraint(compiled, tokenizer, vocab, start_phase(tokenizer, input_ids))
+    constraint.calls_only = thinking.on() and choice != "auto"  # 0150: the calls, then the end of the turn
+    return constraint

@@ -9,6 +9,7 @@ is kept or refused with a 400 that names the message. `reasoning_effort` and
 `thinking: {"type": "enabled"|"disabled"}` become the template's `enable_thinking`.
 """
 
+import contextvars
 import copy
 import json
 
@@ -16,6 +17,12 @@ from .. import knobs
 
 
 _EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True}
+# The request's reasoning_effort, taken from the body here; 0150 turns it into a thinking budget.
+_effort: contextvars.ContextVar = contextvars.ContextVar("pb_reasoning_effort", default=None)
+
+
+def asked_effort():
+    return _effort.get()
 
 
 def on() -> bool:
@@ -35,6 +42,7 @@ def take_thinking_fields(body: dict) -> None:
         return
     thinks = None
     effort = body.pop("reasoning_effort", None)
+    _effort.set(effort)
     if effort is not None:
         if effort not in _EFFORT_THINKS:
             raise _bad(f"reasoning_effort={effort!r} is not supported (allowed: {', '.join(_EFFORT_THINKS)})",
