@@ -114,3 +114,20 @@ def test_the_grammar_starts_after_the_thinking(grammar, comp, tok):
     thought = [newline, ids("<think>"), 100, 200, ids("</think>")]  # the mask reads tokens as they come
     assert allowed(thought) == opening | {newline}  # then one optional newline, then the grammar
     assert allowed(thought + [newline]) == opening
+
+
+def test_after_the_grammar_took_its_stop_token_only_a_stop_token_is_allowed(grammar, comp, tok):
+    """With async batching a finished row can be in one more step: its mask must not ask xgrammar for
+    a next token (which raised on the H200, W21) and must leave only a stop token to choose."""
+    compiled = comp.compile_json_schema(json.dumps({"type": "integer"}), any_whitespace=False, strict_mode=False)
+    constraint = grammar.Constraint(compiled, tok, len(tok), "body")
+    end = tok.convert_tokens_to_ids("<|endoftext|>")
+
+    class Spec:
+        tokens = tok.encode("7", add_special_tokens=False) + [end]
+
+    scores = constraint(Spec, torch.zeros(len(tok)))
+    assert constraint.matcher.is_terminated()
+    assert torch.nonzero(torch.isfinite(scores)).flatten().tolist() == [end]
+    Spec.tokens = Spec.tokens + [end]  # the dropped extra token is read without a complaint
+    assert torch.nonzero(torch.isfinite(constraint(Spec, torch.zeros(len(tok))))).flatten().tolist() == [end]

@@ -198,7 +198,7 @@ class Constraint:
             self.phase = "body"
         else:
             self.phase = "body"
-            if self.matcher is not None and not self.matcher.accept_token(token):
+            if self.matcher is not None and not self.matcher.is_terminated() and not self.matcher.accept_token(token):
                 raise RuntimeError(f"grammar rejected token {token} it allowed")
 
     def __call__(self, spec, scores: torch.Tensor) -> torch.Tensor:
@@ -210,6 +210,14 @@ class Constraint:
         if self.forbid:
             scores[self.forbid] = float("-inf")
         if self.phase == "think" or self.matcher is None:
+            return scores
+        if self.matcher.is_terminated():
+            # The grammar took its stop token, so the reply has ended; with async batching the row can
+            # still be in the next step, whose token is dropped. Only a stop token may be chosen there.
+            stops = list(self.matcher.stop_token_ids)
+            keep = scores[stops].clone()
+            scores.fill_(float("-inf"))
+            scores[stops] = keep
             return scores
         self.matcher.fill_next_token_bitmask(self.bitmask)
         extra = []

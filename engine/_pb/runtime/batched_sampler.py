@@ -115,8 +115,15 @@ def _write_processing(rows, scores: torch.Tensor) -> None:
             scores[r] = spec.mask(spec, scores[r])
 
 
+CHUNK = 16  # rows sampled together: bounds the step's temporaries (about 10 of [CHUNK, vocab] x 8 bytes)
+
+
 def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
-    """Temperature, top-k, top-p and min-p for every row at once, then the race: token ids [rows]."""
+    """Temperature, top-k, top-p and min-p for every row at once, then the race: token ids [rows].
+    Rows go in chunks of CHUNK: upstream sizes the KV pool from the memory left at start, so the
+    sampler's working set must stay small. A row's token never depends on its chunk."""
+    if len(rows) > CHUNK:
+        return torch.cat([_sample(rows[i:i + CHUNK], scores[i:i + CHUNK]) for i in range(0, len(rows), CHUNK)])
     device, vocab = scores.device, scores.shape[-1]
     # One copy to the device for every row's settings (float64 holds the 32-bit keys exactly).
     params = _rows_tensor([[spec.temperature or 1.0 for spec in rows],
