@@ -2,6 +2,7 @@
 names (0590), vLLM's extra fields and legacy functions (0600), OpenAI's reply and stream shapes
 (0610). The real `openai` client where it can send the request; httpx for the raw shapes."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -211,7 +212,8 @@ def test_n_choices_share_the_prompt_blocks_and_each_is_its_seeded_reply_alone(se
     texts = [c.message.content for c in reply.choices]
     assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) == 3
     assert reply.usage.completion_tokens == 24 and reply.usage.prompt_tokens_details.cached_tokens >= 256
-    alone = [chat(server_on, **{**base, "seed": 7 + j})["choices"][0]["message"]["content"] for j in range(3)]
+    seeds = [7] + [int.from_bytes(hashlib.sha256(f"7/{j}".encode()).digest()[:8], "big") % (1 << 63) for j in (1, 2)]
+    alone = [chat(server_on, **{**base, "seed": seed})["choices"][0]["message"]["content"] for seed in seeds]
     assert texts == alone
     events = [json.loads(e) for e in sse(server_on, {**base, "n": 3, "seed": 7, "stream": True})[:-1]]
     streamed = ["", "", ""]
@@ -231,3 +233,11 @@ def test_n_is_checked_and_refused_with_a_grammar(server_on):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     off = post(server_on, {"messages": MESSAGES, "n": 2, "pb_knobs": {"PB_VLLM_FIELDS": 0}})
     assert off.status_code == 400 and "allowed: 1" in off.json()["error"]["message"]
+
+
+def test_completions_share_the_shapes_max_tokens_check_and_fingerprint(server_on):
+    limit = httpx.get(f"{server_on.url}/v1/models", timeout=30).json()["data"][0]["context_length"]
+    r = post(server_on, {"prompt": "def add(a, b):", "max_tokens": limit}, "/v1/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    ok = post(server_on, {"prompt": "def add(a, b):", "max_tokens": 4}, "/v1/completions")
+    assert ok.json()["id"].startswith("cmpl-") and ok.json()["system_fingerprint"] == ok.headers["x-pb-build"]

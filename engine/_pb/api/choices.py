@@ -3,21 +3,31 @@
 Choice 0 keeps the request's own id; choice j is `<id>.<j>`. The others go in once choice 0's
 first token is out: its prompt's complete KV blocks are then in the paged cache, and upstream's
 prefix sharing gives them to the others instead of computing them again (`cached_tokens`). A
-seeded request's choice j samples with seed + j, so the choices differ and each is reproducible.
+seeded request's choice j samples with its own seed derived from the request's (`seed_for`), so
+the choices differ and each is reproducible; /v1/completions (0620) derives its choices' seeds alike.
 """
 
 import asyncio
 import dataclasses
+import hashlib
 
 from ..runtime import sampler
 from . import usage
+
+
+def seed_for(seed: int, j: int) -> int:
+    """Choice j's seed: the request's own for choice 0, a hash of (seed, j) for the others, so no
+    choice shares its seed with another request's choice (as seed + j would)."""
+    if j == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}/{j}".encode()).digest()[:8], "big") % (1 << 63)
 
 
 def derive(spec, j: int):
     """Choice j's settings: the request's, a fresh run state, and its own seed."""
     if spec is None or j == 0:
         return spec
-    seed = None if spec.seed is None else (spec.seed + j) % (1 << 63)
+    seed = None if spec.seed is None else seed_for(spec.seed, j)
     return dataclasses.replace(spec, seed=seed, tokens=[], chosen_logprobs=[], top=[], generator=None)
 
 

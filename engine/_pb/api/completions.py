@@ -18,7 +18,8 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, errors, fingerprint, limits, sse, tokenize
+from . import chat, context, errors, fingerprint, limits, shapes, sse, tokenize
+from .choices import seed_for
 from ..runtime import sampler
 
 MAX_CHOICES = 128  # prompts x n in one request
@@ -86,12 +87,6 @@ def _checked(taken: dict, n_prompts: int) -> dict:
         raise _bad("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
     return {"n": n, "echo": bool(echo), "logprobs": logprobs, "include_usage": include_usage,
             "presence_penalty": taken.get("presence_penalty")}
-
-
-def derived_seed(seed: int, j: int) -> int:
-    if j == 0:
-        return seed
-    return int.from_bytes(hashlib.sha256(f"{seed}/{j}".encode()).digest()[:8], "big") % (1 << 63)
 
 
 def completion_id(request_id: str) -> str:
@@ -211,6 +206,7 @@ async def handle(handler, body: dict, request_id: str):
         else:
             ids, head = list(tokenize.token_inputs(p, model, True)["input_ids"]), tokenizer.decode(p)
         limit = types.SimpleNamespace(max_new_tokens=gen_config.max_new_tokens)  # each prompt's own room
+        shapes.check_room(body, len(ids), context.max_model_len(model.config))  # 0610: a 400, not a clamp
         context.enforce(model, ids, limit, "prompt")
         errors.check_inputs(model, {"input_ids": ids}, limit)  # 0500 refuses an empty prompt
         runs.append((ids, head, limit.max_new_tokens))
@@ -225,7 +221,7 @@ async def handle(handler, body: dict, request_id: str):
             index = p * opts["n"] + j
             spec = chat.build_spec(body, taken_spec, gen_config, tokenizer)
             if spec.seed is not None:
-                spec.seed = derived_seed(spec.seed, j)
+                spec.seed = seed_for(spec.seed, j)
             spec = chat.under_graphs(cb, spec)
             rid = request_id if index == 0 else f"{request_id}/{index}"
             choices.append((Choice(index, rid, tokenizer, len(ids), head if opts["echo"] else "", max_new, spec,
@@ -275,6 +271,8 @@ async def _run(cb, body, request_id, model_id, choices, opts, gen_config):
                                    "logprobs": c.logprobs(final=True), "finish_reason": c.finish_reason()}
                                   for c in everyone],
                       "usage": usage()}
+            if shapes.on():
+                result["system_fingerprint"] = shapes.system_fingerprint()
         finally:
             done()
         return JSONResponse(fingerprint.stamp(result, all_tokens(), request_id))
