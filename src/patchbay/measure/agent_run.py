@@ -112,16 +112,10 @@ def check_modes(plan: AgentPlan) -> str | None:
     for arm in plan.arms:
         for mode in plan.runnable():
             body = agent.body(mode, plan.model, probe.messages(), 1, 0, plan.arms[arm], plan.fitted.tools)
-            try:
-                with httpx.stream("POST", f"{plan.url_of(arm)}/v1/chat/completions", json=body,
-                                  timeout=plan.timeout) as r:
-                    r.read()
-            except httpx.HTTPError as e:
-                raise BenchError(f"arm {arm}, mode {mode}: request failed ({type(e).__name__}: {e})") from None
-            if r.status_code != 200:
-                raise BenchError(f"arm {arm} (pb_knobs {plan.arms[arm]}), mode {mode}: the server answered HTTP "
-                                 f"{r.status_code}: {r.text[:300]}; drop the mode from --modes", 2)
-            build = build or r.headers.get("x-pb-build")
+            seen = bench.probe_request(plan.url_of(arm), body, plan.timeout, f"arm {arm}, mode {mode}",
+                                       f"arm {arm} (pb_knobs {plan.arms[arm]}), mode {mode}",
+                                       "; drop the mode from --modes")
+            build = build or seen
     return build
 
 

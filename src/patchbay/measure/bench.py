@@ -309,17 +309,23 @@ def check_arms(plan: Plan) -> str | None:
     probe = plan.prompts[0]
     for arm in "AB":
         body = {**request_body(plan, probe, arm, max_tokens=1)}
-        try:
-            with httpx.stream("POST", f"{plan.url_of(arm)}/v1/chat/completions", json=body,
-                              timeout=plan.timeout) as r:
-                r.read()
-        except httpx.HTTPError as e:
-            raise BenchError(f"arm {arm}: request failed ({type(e).__name__}: {e})") from None
-        if r.status_code != 200:
-            raise BenchError(f"arm {arm} (pb_knobs {json.dumps(plan.arms[arm])}): the server answered "
-                             f"HTTP {r.status_code}: {r.text[:300]}", 2)
-        build = build or r.headers.get("x-pb-build")
+        seen = probe_request(plan.url_of(arm), body, plan.timeout, f"arm {arm}",
+                             f"arm {arm} (pb_knobs {json.dumps(plan.arms[arm])})")
+        build = build or seen
     return build
+
+
+def probe_request(url: str, body: dict, timeout: float, what: str, refused: str, fix: str = "") -> str | None:
+    """One chat request that must answer 200 before a run starts (BenchError naming `what` if it
+    fails, `refused` and the server's answer if it is refused); the build id it reports."""
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+            r.read()
+    except httpx.HTTPError as e:
+        raise BenchError(f"{what}: request failed ({type(e).__name__}: {e})") from None
+    if r.status_code != 200:
+        raise BenchError(f"{refused}: the server answered HTTP {r.status_code}: {r.text[:300]}{fix}", 2)
+    return r.headers.get("x-pb-build")
 
 
 def token_counter(url: str, model: str, timeout: float = 120.0, first_line: str = ""):
