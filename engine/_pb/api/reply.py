@@ -1,0 +1,190 @@
+"""One chat reply as it is generated: its tokens in, GLM parser events out, and its OpenAI
+shapes (deltas for a stream, the whole message, usage, finish reason). chat.py submits the
+request and answers it; each choice of a request has a Reply of its own."""
+
+import hashlib
+import json
+
+from .. import knobs
+from . import glm_parser, usage, vllm_fields
+
+
+GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
+
+
+def parses(model) -> bool:
+    return bool(knobs.get("PB_GLM_PARSER")) and getattr(model.config, "model_type", None) in GLM_TYPES
+
+
+class Reply:
+    """One request's generation: tokens in, parser events out."""
+
+    def __init__(self, request_id: str, tokenizer, input_ids: list[int], tools, model, max_new_tokens,
+                 spec=None, stops=(), eos=None, padded=False):
+        from tokenizers.decoders import DecodeStream
+
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.rust = tokenizer._tokenizer
+        self.prompt_len = len(input_ids)
+        self.max_new_tokens = max_new_tokens
+        self.decoder = DecodeStream([], skip_special_tokens=False)
+        prompt_tail = tokenizer.decode(input_ids[-8:]) if input_ids else ""
+        opens_thinking = prompt_tail.rstrip().endswith(glm_parser.THINK)
+        self.tools, self.opens_thinking, self.padded = tools, opens_thinking, padded
+        self.parser = (glm_parser.GlmParser(tools, in_reasoning=opens_thinking, padded=padded)
+                       if parses(model) else None)
+        self.spec, self.stops = spec, tuple(stops)
+        self.keep_stop = bool(vllm_fields.get("include_stop_str_in_output"))
+        # End-of-turn tokens end the reply; they are never text of it, whatever they decode to.
+        self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.unfed = ""  # decoded text not yet given to the parser (a stop string may start in it)
+        self.tokens: list[int] = []
+        self.text = ""  # what the parser was given
+        self.error: str | None = None
+        self.finished = False
+        self.stopped = False  # a stop string ended the reply
+        self.call_ids: dict[int, str] = {}
+        self.calls_ended = 0
+        self.logprobs: list[dict] = []
+        self.logprobs_sent = 0  # how many of them a stream has carried
+        self.reasoning_tokens = 0
+        usage.watch(request_id)
+
+    # -- tokens in ----------------------------------------------------------------------
+
+    def take(self, output) -> list:
+        """New tokens of a GenerationOutput -> parser events (or raw text events)."""
+        events = []
+        for token in output.generated_tokens[len(self.tokens):]:
+            if self.stopped:
+                break
+            self.tokens.append(int(token))
+            self._record_logprob(len(self.tokens) - 1)
+            if int(token) in self.eos:
+                continue
+            piece = self.decoder.step(self.rust, int(token))
+            if piece:
+                events += self._feed(piece)
+            if self.parser is not None and (self.parser.mode == "reasoning" or glm_parser.END_THINK in (piece or "")):
+                self.reasoning_tokens += 1
+        if output.error is not None:
+            self.error = str(output.error)
+        if (output.is_finished() or self.stopped) and not self.finished:
+            self.finished = True
+            events += self._finish()
+        return events
+
+    def _feed(self, piece: str) -> list:
+        self.unfed += piece
+        for stop in self.stops:
+            at = self.unfed.find(stop)
+            if at != -1:
+                self.unfed, self.stopped = self.unfed[:at + (len(stop) if self.keep_stop else 0)], True
+        if self.stopped:
+            ready, self.unfed = self.unfed, ""
+        else:
+            cut = len(self.unfed) - self.hold
+            ready, self.unfed = self.unfed[:cut], self.unfed[cut:]
+        return self._parse(ready)
+
+    def _parse(self, text: str) -> list:
+        if not text:
+            return []
+        self.text += text
+        return [("content", text)] if self.parser is None else self.parser.feed(text)
+
+    def _finish(self) -> list:
+        events = self._parse(self.unfed)
+        self.unfed = ""
+        if self.parser is not None:
+            events += self.parser.finish(truncated=self.truncated)
+        return events
+
+    @property
+    def truncated(self) -> bool:
+        return not self.stopped and self.max_new_tokens is not None and len(self.tokens) >= self.max_new_tokens
+
+    def _record_logprob(self, i: int) -> None:
+        spec = self.spec
+        if spec is None or not spec.logprobs or i >= len(spec.chosen_logprobs):
+            return
+        entry = self._token_entry(self.tokens[i], spec.chosen_logprobs[i])
+        entry["top_logprobs"] = [self._token_entry(t, lp) for t, lp in (spec.top[i] if spec.top_logprobs else [])]
+        self.logprobs.append(entry)
+
+    def _token_entry(self, token: int, logprob: float) -> dict:
+        text = self.tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    # -- OpenAI shapes ------------------------------------------------------------------
+
+    def call_id(self, index: int) -> str:
+        if index not in self.call_ids:
+            digest = hashlib.sha256(f"{self.request_id}/{index}".encode()).hexdigest()[:20]
+            self.call_ids[index] = f"call_{digest}"
+        return self.call_ids[index]
+
+    def finish_reason(self) -> str:
+        if self.truncated:
+            return "length"
+        return "tool_calls" if self.calls_ended else "stop"
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.tokens),
+                "total_tokens": self.prompt_len + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": usage.cached(self.request_id)},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+
+    def deltas(self, events) -> list[dict]:
+        """Parser events -> OpenAI chunk deltas, in order."""
+        out = []
+        for event in events:
+            kind = event[0]
+            if kind == "content":
+                out.append({"content": event[1]})
+            elif kind == "reasoning":
+                out.append(reasoning_delta(event[1]))
+            elif kind == "call":
+                out.append({"tool_calls": [{"index": event[1], "id": self.call_id(event[1]), "type": "function",
+                                            "function": {"name": event[2], "arguments": ""}}]})
+            elif kind == "args":
+                out.append({"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]})
+            elif kind == "end":
+                self.calls_ended += 1
+        return out
+
+    def message(self) -> dict:
+        """The whole reply as a non-streamed assistant message (parsed in one pass)."""
+        if self.parser is None:
+            if self.stops:
+                return {"role": "assistant", "content": self.text}
+            tokens, skip = self.tokens, True
+            if vllm_fields.on():  # stop_token_ids need not be special tokens; the text never holds them
+                tokens, skip = [t for t in tokens if t not in self.eos], vllm_fields.get("skip_special_tokens", True)
+            return {"role": "assistant", "content": self.tokenizer.decode(tokens, skip_special_tokens=skip)}
+        parsed = glm_parser.parse(self.text, tools=self.tools, in_reasoning=self.opens_thinking,
+                                  truncated=self.truncated, padded=self.padded)
+        message = {"role": "assistant", "content": parsed["content"]}
+        message.update(reasoning_message(parsed["reasoning"]))
+        if parsed["calls"]:
+            self.calls_ended = len(parsed["calls"])
+            message["tool_calls"] = [
+                {"id": self.call_id(i), "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+                for i, (name, args) in enumerate(parsed["calls"])]
+        return message
+
+
+def _reasoning_fields() -> tuple:
+    policy = knobs.get("PB_REASONING_FIELD")
+    return ("reasoning_content", "reasoning") if policy == "both" else (policy,)
+
+
+def reasoning_delta(text: str) -> dict:
+    return {field: text for field in _reasoning_fields()}
+
+
+def reasoning_message(text: str) -> dict:
+    return {field: text for field in _reasoning_fields()} if text else {}
