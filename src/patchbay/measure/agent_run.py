@@ -274,9 +274,7 @@ def from_args(args, arms: dict, url: str, b_url: str | None, levels: list[int], 
         say(f"mode {mode} skipped: {why}")
     if b_url:
         other = bench.server_info(b_url, server["model"])
-        if other["listed"] and server["model"] not in other["listed"]:
-            raise BenchError(f"--b-url serves {', '.join(other['listed'])}, not {server['model']}: the two arms "
-                             "must serve the same model", 2)
+        bench.check_same_model(server, other)
         server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
     plan = AgentPlan(url=url, model=server["model"], arms=arms, levels=levels, modes=s["modes"], reps=args.reps,
                      warmup=args.warmup, max_tokens=s["max_tokens"], requests=s["requests"], fitted=fitted,

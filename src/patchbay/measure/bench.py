@@ -272,6 +272,18 @@ def run(plan: Plan, sink, progress=None, switch=None) -> bool:
 # ---- before the run: what the server is, whether it takes both arms, fitting the prompts -------
 
 
+def check_same_model(server: dict, other: dict) -> None:
+    """Arm B's server (--b-url) must serve arm A's model: by the id asked for, by its folder's name
+    (what a server with served names lists by default for that path, which it also accepts), or by
+    a name both list."""
+    model = server["model"]
+    folder = model.split("@", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if other["listed"] and model not in other["listed"] and folder not in other["listed"] and \
+            not set(server.get("listed") or []) & set(other["listed"]):
+        raise BenchError(f"--b-url serves {', '.join(other['listed'])}, not {server['model']}: "
+                         "the two arms must serve the same model", 2)
+
+
 def server_info(url: str, model: str | None, timeout: float = 30.0) -> dict:
     """The model id (given, or the first one /v1/models lists), the ids it lists (`listed`, [] when
     it lists none) and the build id the server reports."""

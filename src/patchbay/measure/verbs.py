@@ -220,9 +220,7 @@ def cmd_ab(args) -> int:
                                         distinct_copies=args.distinct_copies)
         if b_url:
             other = bench.server_info(b_url, server["model"])
-            if other["listed"] and server["model"] not in other["listed"]:
-                raise bench.BenchError(f"--b-url serves {', '.join(other['listed'])}, not {server['model']}: "
-                                       "the two arms must serve the same model", 2)
+            bench.check_same_model(server, other)
             server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
         plan = bench.Plan(url=url, model=server["model"], arms=arms, prompts=chosen, levels=levels,
                           reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
