@@ -67,11 +67,14 @@ def texts() -> list[str]:
 @pytest.fixture(scope="module")
 def split(patched_engine):
     module = engine_module(patched_engine, "runtime.split_encode")
-    module.knobs.get = lambda name: name == "PB_SPLIT_ENCODE"  # the knob on, read by this module only
+    # The knob on for these tests, through the knob runtime's own override (`knobs.get` is shared by
+    # every engine module loaded in this process: replacing it leaked into later test modules).
+    token = module.knobs._request_overrides.set({"PB_SPLIT_ENCODE": True})
     saved = module.PIECES, module.MIN_CHARS, module.PIECE_CHARS
     module.PIECES, module.MIN_CHARS, module.PIECE_CHARS = 8, 4096, 512  # many cuts a text
     yield module
     module.PIECES, module.MIN_CHARS, module.PIECE_CHARS = saved
+    module.knobs._request_overrides.reset(token)
 
 
 TOKENIZERS = {
@@ -125,8 +128,8 @@ def test_short_texts_batches_pairs_and_the_knob_off_keep_one_call(split):
     assert split.encode(backend, [(long, long)], True, False) is None  # a pair
     assert split.encode(backend, [long.split()], True, True) is None  # pre-tokenized words
     assert split.encode(backend, ["x" * 20000], True, False) is None  # nowhere to cut
-    split.knobs.get = lambda name: False
+    token = split.knobs._request_overrides.set({"PB_SPLIT_ENCODE": False})
     try:
-        assert split.encode(backend, [long], True, False) is None
+        assert split.encode(backend, [long], True, False) is None  # the knob off
     finally:
-        split.knobs.get = lambda name: name == "PB_SPLIT_ENCODE"
+        split.knobs._request_overrides.reset(token)

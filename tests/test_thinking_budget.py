@@ -112,11 +112,15 @@ def test_an_unknown_reasoning_effort_is_a_400(server_on):
 # ---- the pieces, driven directly -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(patched_engine):
+    # Per test, and with no request's overrides left in this thread's context: the knobs read here
+    # are exactly these, whatever ran in this process before.
     knobs = engine_module(patched_engine, "knobs")
     knobs.load({"PB_THINKING_BUDGET": "300", "PB_TOOL_CHOICE": "1", "PB_STRUCTURED_OUTPUT": "1"})
+    token = knobs._request_overrides.set(None)
     yield {name: engine_module(patched_engine, f"api.{name}") for name in ("grammar", "thinking")}
+    knobs._request_overrides.reset(token)
     knobs.load({})
 
 

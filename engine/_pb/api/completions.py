@@ -206,8 +206,8 @@ async def handle(handler, body: dict, request_id: str):
         else:
             ids, head = list(tokenize.token_inputs(p, model, True)["input_ids"]), tokenizer.decode(p)
         limit = types.SimpleNamespace(max_new_tokens=gen_config.max_new_tokens)  # each prompt's own room
+        context.enforce(model, ids, limit, "prompt")  # a prompt over the context: context_length_exceeded
         shapes.check_room(body, len(ids), context.max_model_len(model.config))  # 0610: a 400, not a clamp
-        context.enforce(model, ids, limit, "prompt")
         errors.check_inputs(model, {"input_ids": ids}, limit)  # 0500 refuses an empty prompt
         runs.append((ids, head, limit.max_new_tokens))
     gen_manager.init_cb(model, gen_config)
