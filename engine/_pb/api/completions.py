@@ -20,7 +20,7 @@ import uuid
 from .. import knobs
 from . import chat, context, errors, fingerprint, limits, shapes, sse, tokenize
 from .choices import seed_for
-from ..runtime import sampler
+from ..runtime import batched_sampler, sampler
 
 MAX_CHOICES = 128  # prompts x n in one request
 TAKEN = ("n", "best_of", "echo", "logprobs", "stream_options", "presence_penalty", "user")
@@ -161,6 +161,8 @@ class Choice:
             end = sum(1 for _, offset in self.entries if offset < len(self.text))
         entries, self.sent = self.entries[self.sent:end], max(self.sent, end)
         spec, out = self.spec, {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if entries:
+            batched_sampler.settle(spec, entries[-1][0] + 1)
         for i, offset in entries:
             token = self.tokens[i]
             chosen = spec.chosen_logprobs[i] if spec is not None and i < len(spec.chosen_logprobs) else None

@@ -184,6 +184,11 @@ class Constraint:
         self.think, self.end_think = ids(THINK), ids(END_THINK)
         self.newlines = {t for t in (tokenizer.encode("\n", add_special_tokens=False) or [])[:1]}
         self.forbid = [ids(t) for t in forbid]
+        self.vocab_size = vocab_size
+        self.ready = None  # 0640: (token count, device bitmask row, host bitmask row) for this step
+        self.overlap = False  # 0640 prepares this constraint's steps
+        self._on_device: dict = {}
+        self.accepted = None  # while draft_masks runs: how many tokens the grammar took
 
     def _advance(self, token: int) -> None:
         phase = self.phase
@@ -198,40 +203,125 @@ class Constraint:
             self.phase = "body"
         else:
             self.phase = "body"
-            if self.matcher is not None and not self.matcher.is_terminated() and not self.matcher.accept_token(token):
-                raise RuntimeError(f"grammar rejected token {token} it allowed")
+            if self.matcher is not None and not self.matcher.is_terminated():
+                if not self.matcher.accept_token(token):
+                    raise RuntimeError(f"grammar rejected token {token} it allowed")
+                if self.accepted is not None:
+                    self.accepted += 1
+
+    def catch_up(self, spec) -> None:
+        """Advance the phases and the grammar by the tokens the Spec chose since the last call."""
+        for token in spec.tokens[self.seen:]:
+            self._advance(token)
+        self.seen = len(spec.tokens)
+
+    def needs_bitmask(self) -> bool:
+        """Whether this step's mask is the grammar's next-token bitmask (not free thinking, not
+        the stop tokens after the grammar ended)."""
+        return self.phase != "think" and self.matcher is not None and not self.matcher.is_terminated()
+
+    def _extra(self) -> list:
+        """Tokens the phase before the grammar allows besides it (opening or skipping the thinking)."""
+        if self.phase == "pre":
+            return [self.think, *self.newlines]
+        if self.phase == "open":
+            return [self.think]
+        if self.phase == "post":
+            return list(self.newlines)
+        return []
+
+    def _ids(self, ids: list, scores: torch.Tensor):
+        """`ids` to index `scores` with: a device tensor kept for the request under 0640 (indexing a
+        GPU tensor with a list copies it there and waits), the list itself otherwise."""
+        if not self.overlap:
+            return ids
+        key = (tuple(ids), scores.device)
+        if key not in self._on_device:
+            self._on_device[key] = torch.tensor(ids, dtype=torch.long).to(scores.device)
+        return self._on_device[key]
 
     def __call__(self, spec, scores: torch.Tensor) -> torch.Tensor:
         import xgrammar as xgr
 
-        for token in spec.tokens[self.seen:]:
-            self._advance(token)
-        self.seen = len(spec.tokens)
+        self.catch_up(spec)
         if self.forbid:
-            scores[self.forbid] = float("-inf")
+            scores[self._ids(self.forbid, scores)] = float("-inf")
         if self.phase == "think" or self.matcher is None:
             return scores
         if self.matcher.is_terminated():
             # The grammar took its stop token, so the reply has ended; with async batching the row can
             # still be in the next step, whose token is dropped. Only a stop token may be chosen there.
-            stops = list(self.matcher.stop_token_ids)
+            stops = self._ids(list(self.matcher.stop_token_ids), scores)
             keep = scores[stops].clone()
             scores.fill_(float("-inf"))
             scores[stops] = keep
             return scores
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        extra = []
-        if self.phase == "pre":
-            extra = [self.think, *self.newlines]
-        elif self.phase == "open":
-            extra = [self.think]
-        elif self.phase == "post":
-            extra = list(self.newlines)
-        keep = scores[extra].clone() if extra else None
-        xgr.apply_token_bitmask_inplace(scores.view(1, -1), self.bitmask.to(scores.device))
+        if self.ready is not None and self.ready[0] == self.seen:
+            bitmask = self.ready[1]  # 0640: filled with the step's other rows, already on the device
+        else:
+            self.matcher.fill_next_token_bitmask(self.bitmask)
+            bitmask = self.bitmask.to(scores.device)
+        extra = self._extra()
         if extra:
+            extra = self._ids(extra, scores)
+            keep = scores[extra].clone()
+        xgr.apply_token_bitmask_inplace(scores.view(1, -1), bitmask)
+        if len(extra):
             scores[extra] = keep
         return scores
+
+    def allows(self, token: int) -> bool | None:
+        """Whether this step's bitmask, filled on the host by 0640, allows `token` (None: unknown)."""
+        if self.ready is None or self.ready[0] != self.seen:
+            return None
+        word = int(self.ready[2][token // 32])
+        return bool((word >> (token % 32)) & 1)
+
+    def draft_masks(self, spec, draft: list) -> torch.Tensor:
+        """Drafting-ready: the tokens allowed at this step and after each of `draft`'s tokens, as
+        bitmask rows [k + 1, words] on the host (row i is the mask the step after draft[:i]
+        would use). Rows stop at the first draft token the mask refuses: positions after it are
+        never reached. The grammar and the phases are left as they were."""
+        import xgrammar as xgr
+
+        self.catch_up(spec)
+        words = xgr.get_bitmask_shape(1, self.vocab_size)[1]
+        rows = torch.zeros(len(draft) + 1, words, dtype=torch.int32)
+        phase, self.accepted = self.phase, 0
+        try:
+            for i in range(len(draft) + 1):
+                self._mask_row(rows[i])
+                if i == len(draft) or not (int(rows[i][draft[i] // 32]) >> (draft[i] % 32)) & 1:
+                    return rows[:i + 1]
+                self._advance(draft[i])
+            return rows
+        finally:
+            if self.accepted:
+                self.matcher.rollback(self.accepted)
+            self.phase, self.accepted = phase, None
+
+    def _mask_row(self, row: torch.Tensor) -> None:
+        """The allowed tokens of the current state as one bitmask row (what __call__ leaves finite)."""
+        def put(token, on):
+            bit = 1 << (token % 32)
+            value = int(row[token // 32]) & 0xFFFFFFFF
+            value = value | bit if on else value & ~bit
+            row[token // 32] = value - (1 << 32) if value >= 1 << 31 else value
+
+        if self.phase == "think" or self.matcher is None:
+            row.fill_(-1)
+            for token in range(self.vocab_size, row.numel() * 32):
+                put(token, False)
+        elif self.matcher.is_terminated():
+            row.zero_()
+            for token in self.matcher.stop_token_ids:
+                put(token, True)
+        else:
+            self.matcher.fill_next_token_bitmask(row.view(1, -1))
+            for token in self._extra():
+                put(token, True)
+        for token in self.forbid:
+            put(token, False)
 
 
 def start_phase(tokenizer, input_ids) -> str:

@@ -7,6 +7,7 @@ import json
 
 from .. import knobs
 from . import glm_parser, usage, vllm_fields
+from ..runtime import batched_sampler
 
 
 GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
@@ -108,6 +109,7 @@ class Reply:
 
     def _record_logprob(self, i: int) -> None:
         spec = self.spec
+        batched_sampler.settle(spec, i + 1)
         if spec is None or not spec.logprobs or i >= len(spec.chosen_logprobs):
             return
         entry = self._token_entry(self.tokens[i], spec.chosen_logprobs[i])

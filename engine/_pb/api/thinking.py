@@ -86,12 +86,21 @@ class Budget:
             self._end_when_full(spec, scores)
         return scores
 
+    def _may_end(self, spec, scores: torch.Tensor, token: int) -> bool:
+        allowed = self.inner.allows(token) if hasattr(self.inner, "allows") else None
+        if allowed is None:
+            return bool(scores[token] > float("-inf"))  # a wait for the step's logits
+        # 0640 filled the grammar's mask on the host: read it there. Before the mask only min_tokens
+        # can have ruled the token out (raw logits are finite, logit_bias is at most 100 away).
+        held = len(spec.tokens) < spec.min_tokens and token in spec.suppress
+        return allowed and not held
+
     def _end_when_full(self, spec, scores: torch.Tensor) -> None:
         # The required calls' grammar may end only just after a complete call: each step where
         # it may end closes one (read from the grammar, whatever tokens spelled the call).
         if self.mark is None:
             self.mark = len(spec.tokens)
-        ends = [t for t in self.stops if scores[t] > float("-inf")]
+        ends = [t for t in self.stops if self._may_end(spec, scores, t)]
         if not ends:
             return
         self.longest = max(self.longest, len(spec.tokens) - self.mark)

@@ -20,8 +20,11 @@ counter on the host and their tokens stay on the device.
 """
 
 import random
+import threading
 
 import torch
+
+from . import grammar_overlap, sampler_graph
 
 MASK32 = 0xFFFFFFFF
 _server_rng = random.Random()  # seeded from the OS at import: unseeded requests' seeds
@@ -124,28 +127,35 @@ def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
     sampler's working set must stay small. A row's token never depends on its chunk."""
     if len(rows) > CHUNK:
         return torch.cat([_sample(rows[i:i + CHUNK], scores[i:i + CHUNK]) for i in range(0, len(rows), CHUNK)])
-    device, vocab = scores.device, scores.shape[-1]
+    vocab = scores.shape[-1]
+    # A row with nothing to cut races over the whole vocabulary in token order, without a sort. The
+    # path is the row's own choice (by its settings), never its neighbours', so its bits are too.
+    uncut = [spec.top_k in (0, vocab) and spec.top_p >= 1.0 and not spec.min_p for spec in rows]
+    kind = "uncut" if all(uncut) else "cut" if not any(uncut) else "mixed"
     # One copy to the device for every row's settings (float64 holds the 32-bit keys exactly).
-    params = _rows_tensor([[spec.temperature or 1.0 for spec in rows],
-                           [spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows],
-                           [spec.top_p for spec in rows], [spec.min_p for spec in rows],
-                           [row_key(spec.seed, spec.position) for spec in rows]], device, torch.float64)
+    params = [[spec.temperature or 1.0 for spec in rows],
+              [spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows],
+              [spec.top_p for spec in rows], [spec.min_p for spec in rows],
+              [row_key(spec.seed, spec.position) for spec in rows], [float(u) for u in uncut]]
+    if all(spec.graphed for spec in rows) and sampler_graph.usable(scores):
+        return sampler_graph.race(scores, params, kind)  # 0650: one replay instead of ~50 launches
+    return race(scores, _rows_tensor(params, scores.device, torch.float64), kind)
+
+
+def race(scores: torch.Tensor, params: torch.Tensor, kind: str) -> torch.Tensor:
+    """The draw on the device alone, no host work (so a CUDA graph can hold it): scores [rows,
+    vocab] float32, params [6, rows] float64 (temperature, top_k, top_p, min_p, the row's key,
+    1 for a row with nothing to cut); `kind` says which rows there are: "uncut", "cut" or
+    "mixed" (both paths computed for every row, each row taking its own)."""
+    device, vocab = scores.device, scores.shape[-1]
     temperature, top_p, min_p = params[0, :, None].float(), params[2, :, None].float(), params[3, :, None].float()
     keys = params[4, :, None].long()
     scaled = scores / temperature
-    # A row with nothing to cut races over the whole vocabulary in token order, without a sort. The
-    # path is the row's own choice (by its settings), never its neighbours', so its bits are too.
-    uncut = [r for r, spec in enumerate(rows) if spec.top_k in (0, vocab) and spec.top_p >= 1.0 and not spec.min_p]
-    if len(uncut) == len(rows):
+    if kind != "cut":
         ids = torch.arange(vocab, device=device)[None, :]
-        return (torch.softmax(scaled, dim=-1) / exponentials(keys, ids)).argmax(dim=-1)
-    if uncut:
-        picks = torch.empty(len(rows), dtype=torch.long, device=device)
-        cut = [r for r in range(len(rows)) if r not in set(uncut)]
-        for group in (uncut, cut):
-            at = _rows_tensor(group, device, torch.long)
-            picks[at] = _sample([rows[r] for r in group], scores.index_select(0, at))
-        return picks
+        whole = (torch.softmax(scaled, dim=-1) / exponentials(keys, ids)).argmax(dim=-1)
+        if kind == "uncut":
+            return whole
     ordered, order = scaled.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=device)[None, :]
     ordered = ordered.masked_fill(rank >= params[1, :, None].long(), float("-inf"))
@@ -153,14 +163,17 @@ def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
     probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
     before = probs.cumsum(dim=-1) - probs
     probs = probs.masked_fill((before >= top_p) & (rank > 0), 0.0)  # the first is always kept
-    race = probs / exponentials(keys, order)
-    return order.gather(1, race.argmax(dim=-1, keepdim=True)).squeeze(1)
+    weighted = probs / exponentials(keys, order)
+    cut = order.gather(1, weighted.argmax(dim=-1, keepdim=True)).squeeze(1)
+    return cut if kind == "cut" else torch.where(params[5] > 0, whole, cut)
 
 
 def choose_rows(rows, raw: torch.Tensor, index: list) -> torch.Tensor:
     """The tokens of `rows` (their Specs) from raw logits [num_logits, vocab] at `index`, on the
     logits' device; each Spec's position moves on by one, and rows that need their tokens on
     the host get them."""
+    catch_up()  # 0640: the tokens the last step chose, before anything reads them
+    grammar_overlap.prepare(rows, raw.device)  # 0640: before any GPU work of the step
     picks = torch.empty(len(rows), dtype=torch.long, device=raw.device)
     forced = [r for r, spec in enumerate(rows) if spec.forced is not None]
     free = [r for r, spec in enumerate(rows) if spec.forced is None]
@@ -173,38 +186,102 @@ def choose_rows(rows, raw: torch.Tensor, index: list) -> torch.Tensor:
         scores = raw.index_select(0, _rows_tensor([index[r] for r in free], raw.device, torch.long)).float()
         _write_processing(subset, scores)
         sampled = [r for r, spec in enumerate(subset) if spec.do_sample and spec.temperature != 0]
-        chosen = scores.argmax(dim=-1)
-        if sampled:
-            at = _rows_tensor(sampled, raw.device, torch.long)
-            chosen[at] = _sample([subset[r] for r in sampled], scores.index_select(0, at))
-        picks[_rows_tensor(free, raw.device, torch.long)] = chosen
+        if len(sampled) == len(subset):
+            chosen = _sample(subset, scores)
+        else:
+            chosen = scores.argmax(dim=-1)
+            if sampled:
+                at = _rows_tensor(sampled, raw.device, torch.long)
+                chosen[at] = _sample([subset[r] for r in sampled], scores.index_select(0, at))
+        if forced:
+            picks[_rows_tensor(free, raw.device, torch.long)] = chosen
+        else:
+            picks = chosen
     for spec in rows:
         spec.position += 1
     host = [r for r, spec in enumerate(rows) if needs_tokens(spec)]
+    # 0640: rows whose request has it get their tokens (and log-probabilities) by their next step,
+    # copied now without a wait; the others wait here.
+    later = [r for r in host if rows[r].overlap]
+    if later:
+        _to_host_later([rows[r] for r in later], raw, [index[r] for r in later],
+                       picks.index_select(0, _rows_tensor(later, raw.device, torch.long)))
+        host = [r for r in host if r not in set(later)]
     if host:
-        _to_host(rows, host, raw, index, picks)
+        _to_host([rows[r] for r in host], raw, [index[r] for r in host],
+                 picks.index_select(0, _rows_tensor(host, raw.device, torch.long)))
     return picks
 
 
-def _to_host(rows, host: list, raw: torch.Tensor, index: list, picks: torch.Tensor) -> None:
+def _logprobs(specs: list, raw: torch.Tensor, index: list, tokens: torch.Tensor):
+    """On the device, for the rows of `specs` that want them: the chosen tokens' log-probabilities
+    [n] and the top ones (values, ids [n, k]); None where no row wants them."""
+    wanted = [j for j, spec in enumerate(specs) if spec.logprobs]
+    if not wanted:
+        return None, None, None
+    at = _rows_tensor(wanted, raw.device, torch.long)
+    lp = torch.log_softmax(raw.index_select(0, _rows_tensor([index[j] for j in wanted], raw.device,
+                                                            torch.long)).float(), dim=-1)
+    chosen = lp.gather(1, tokens.index_select(0, at)[:, None]).squeeze(1)
+    k = max(specs[j].top_logprobs for j in wanted)
+    values, ids = lp.topk(k, dim=-1) if k else (None, None)
+    return chosen, values, ids
+
+
+def _record(specs: list, tokens: list, chosen, values, ids) -> None:
+    """Host lists into the Specs: each row's token, and its log-probabilities when it wants them."""
+    n = 0
+    for spec, token in zip(specs, tokens):
+        spec.tokens.append(int(token))
+        if spec.logprobs:
+            spec.chosen_logprobs.append(float(chosen[n]))
+            if spec.top_logprobs:
+                spec.top.append(list(zip(ids[n][:spec.top_logprobs], values[n][:spec.top_logprobs])))
+            n += 1
+
+
+def _to_host(specs: list, raw: torch.Tensor, index: list, tokens: torch.Tensor) -> None:
     """One wait for the step: the tokens (and log-probabilities) of the rows whose state reads them."""
-    at = _rows_tensor(host, raw.device, torch.long)
-    tokens = picks.index_select(0, at)
-    wanted = [r for r in host if rows[r].logprobs]
-    chosen_lp = top_ids = top_lp = None
-    if wanted:
-        lp = torch.log_softmax(raw.index_select(0, _rows_tensor([index[r] for r in wanted], raw.device,
-                                                                torch.long)).float(), dim=-1)
-        picked = picks.index_select(0, _rows_tensor(wanted, raw.device, torch.long))
-        chosen_lp = lp.gather(1, picked[:, None]).squeeze(1).tolist()
-        k = max(rows[r].top_logprobs for r in wanted)
-        if k:
-            values, ids = lp.topk(k, dim=-1)
-            top_lp, top_ids = values.tolist(), ids.tolist()
-    for r, token in zip(host, tokens.tolist()):
-        rows[r].tokens.append(int(token))
-    for j, r in enumerate(wanted):
-        spec = rows[r]
-        spec.chosen_logprobs.append(float(chosen_lp[j]))
-        if spec.top_logprobs:
-            spec.top.append(list(zip(top_ids[j][:spec.top_logprobs], top_lp[j][:spec.top_logprobs])))
+    chosen, values, ids = _logprobs(specs, raw, index, tokens)
+    _record(specs, tokens.tolist(), *(None if t is None else t.tolist() for t in (chosen, values, ids)))
+
+
+_later: list = []  # (event, host tensors, specs): earlier steps' tokens on their way to the host
+_later_lock = threading.Lock()
+
+
+def _to_host_later(specs: list, raw: torch.Tensor, index: list, tokens: torch.Tensor) -> None:
+    parts = [tokens, *_logprobs(specs, raw, index, tokens)]
+    event = None
+    if tokens.is_cuda:
+        copies = []
+        for t in parts:
+            if t is not None:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                t = host.copy_(t, non_blocking=True)
+            copies.append(t)
+        parts = copies
+        event = torch.cuda.Event()
+        event.record()
+    with _later_lock:
+        _later.append((event, parts, specs))
+
+
+def catch_up() -> None:
+    """Into their Specs, what earlier steps copied. The engine calls this before a step reads any
+    Spec's tokens (by then the next step's forward is queued: the GPU keeps busy while this
+    waits); a reply calls it when a token's log-probability has not arrived yet (its step is
+    done by then: upstream has read its token)."""
+    with _later_lock:
+        for event, parts, specs in _later:
+            if event is not None:
+                event.synchronize()
+            _record(specs, *(None if t is None else t.tolist() for t in parts))
+        _later.clear()
+
+
+def settle(spec, count: int) -> None:
+    """Make sure `spec` holds the log-probabilities of its first `count` tokens (0640 copies them
+    a step late)."""
+    if spec is not None and spec.logprobs and len(spec.chosen_logprobs) < count:
+        catch_up()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import knobs
-from . import batched_sampler, graphs, tp
+from . import batched_sampler, grammar_overlap, graphs, sampler_graph, tp
 
 
 _specs: dict = {}
@@ -52,6 +52,8 @@ class Spec:
     generator: object = None
     position: int = 0  # tokens chosen so far (PB_BATCHED_SAMPLER's counter-based draws)
     batched: bool = False  # PB_BATCHED_SAMPLER, as the request had it
+    overlap: bool = False  # PB_GRAMMAR_OVERLAP (with PB_BATCHED_SAMPLER), as the request had it
+    graphed: bool = False  # PB_SAMPLER_GRAPH (with PB_BATCHED_SAMPLER), as the request had it
 
     @property
     def plain_greedy(self) -> bool:
@@ -66,6 +68,8 @@ def batched() -> bool:
 
 def register(request_id: str, spec: Spec) -> None:
     spec.batched = batched()
+    spec.overlap = spec.batched and grammar_overlap.on()
+    spec.graphed = spec.batched and sampler_graph.on()
     if spec.batched:
         if spec.seed is None:
             spec.seed = batched_sampler.draw_seed()

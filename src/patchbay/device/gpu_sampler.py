@@ -2,9 +2,11 @@
 
 For 1 to 128 rows of GLM's vocabulary (151,552 logits), each row sampled with its own seed,
 temperature 0.7, top_p 0.95 (what agents send) and, in a second setting, top_k 40 and min_p
-0.05 too: the time a step spends choosing, 0100's row-by-row `choose` against 0630's batched
-`choose_rows` (CUDA events around the call, the host's own waits included, median of reps),
-and whether every row's token is the same chosen alone as among all the others (batched).
+0.05 too, and a mix of rows with and without cuts: the time a step spends choosing, 0100's
+row-by-row `choose` against 0630's batched `choose_rows`, eager and with 0650's draw replayed
+from CUDA graphs (the host's own waits included, median of reps), whether every row's token is
+the same chosen alone as among all the others (batched), and whether the graphs' tokens are
+the eager draw's.
 `--device cpu --vocab N` runs the same job small on a CPU (tests/device/test_gpu_sampler.py).
 Writes OUT/sampler.json and prints a table.
 """
@@ -19,7 +21,14 @@ from pathlib import Path
 
 VOCAB = 151_552
 SETTINGS = {"temperature": {"temperature": 0.7}, "agent": {"temperature": 0.7, "top_p": 0.95},
-            "all": {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05}}
+            "all": {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05},
+            "mixed": None}  # every other row cuts nothing (0650's "mixed" graphs)
+
+
+def _settings(name: str, row: int) -> dict:
+    if SETTINGS[name] is not None:
+        return SETTINGS[name]
+    return SETTINGS["temperature"] if row % 2 else SETTINGS["agent"]
 
 
 def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VOCAB) -> dict:
@@ -34,15 +43,15 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out = {"device": name, "vocab": vocab, "levels": []}
-    for name, settings in SETTINGS.items():
+    for name in SETTINGS:
         for rows in rows_levels:
             raw = (torch.randn(rows, vocab, device=device) * 3).float()
 
-            def specs(position: int = 0):
+            def specs(position: int = 0, graphed: bool = False):
                 made = []
                 for r in range(rows):
-                    s = sampler.Spec(do_sample=True, seed=1000 + r, **settings)
-                    s.position = position
+                    s = sampler.Spec(do_sample=True, seed=1000 + r, **_settings(name, r))
+                    s.position, s.graphed = position, graphed
                     made.append(s)
                 return made
 
@@ -57,8 +66,11 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
             def batched():
                 return batched_sampler.choose_rows(specs(), raw, list(range(rows)))
 
+            def graphed():
+                return batched_sampler.choose_rows(specs(graphed=True), raw, list(range(rows)))
+
             timings = {}
-            for label, fn in (("per_row", per_row), ("batched", batched)):
+            for label, fn in (("per_row", per_row), ("batched", batched), ("graphed", graphed)):
                 fn()  # warm-up: kernels loaded, allocator primed
                 samples = []
                 for _ in range(reps):
@@ -72,18 +84,24 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
                 timings[label] = statistics.median(samples)
             together = batched().tolist()
             alone = [int(batched_sampler.choose_rows([specs()[r]], raw[r:r + 1], [0])) for r in range(rows)]
+            graphs_alone = [int(batched_sampler.choose_rows([specs(graphed=True)[r]], raw[r:r + 1], [0]))
+                            for r in range(rows)]
             out["levels"].append({"settings": name, "rows": rows, "per_row_ms": timings["per_row"],
-                                  "batched_ms": timings["batched"],
+                                  "batched_ms": timings["batched"], "graphed_ms": timings["graphed"],
                                   "speedup": timings["per_row"] / timings["batched"],
-                                  "alone_equals_batched": together == alone})
+                                  "graph_speedup": timings["batched"] / timings["graphed"],
+                                  "alone_equals_batched": together == alone,
+                                  "graphed_equals_eager": graphed().tolist() == together and graphs_alone == alone})
     return out
 
 
 def table(result: dict) -> str:
-    lines = ["| settings | rows | row by row, ms | batched, ms | × | alone == batched |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["| settings | rows | row by row, ms | batched, ms | graphed, ms | × batched | × graphed "
+             "| alone == batched | graphed == eager |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for lv in result["levels"]:
         lines.append(f"| {lv['settings']} | {lv['rows']} | {lv['per_row_ms']:.2f} | {lv['batched_ms']:.2f} | "
-                     f"{lv['speedup']:.1f} | {'yes' if lv['alone_equals_batched'] else 'NO'} |")
+                     f"{lv['graphed_ms']:.2f} | {lv['speedup']:.1f} | {lv['graph_speedup']:.2f} | "
+                     f"{'yes' if lv['alone_equals_batched'] else 'NO'} | {'yes' if lv['graphed_equals_eager'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -99,4 +117,4 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sampler.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
-    return 0 if all(lv["alone_equals_batched"] for lv in result["levels"]) else 1
+    return 0 if all(lv["alone_equals_batched"] and lv["graphed_equals_eager"] for lv in result["levels"]) else 1
