@@ -125,6 +125,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--window-s", type=float, default=1.0, help="seconds profiled at each level")
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
+    w.add_argument("--patched-only", action="store_true",
+                   help="leave upstream's engine out (the tree and both engines pass the 64 MiB a call carries)")
     for name, (_, help) in OWN_FLAGS.items():
         sub.add_parser(name, help=help, add_help=False)  # parsed by its own module (main)
     return p
@@ -142,7 +144,7 @@ def main(argv: list[str]) -> int:
         if problems:
             print("\n".join(map(str, problems)), file=sys.stderr)
             return 1
-        engines = [build.build(None).wheel, build.build(loaded).wheel]
+        engines = ([] if args.patched_only else [build.build(None).wheel]) + [build.build(loaded).wheel]
         for wheel in gather_wheels(Path(args.dest), engines):
             print(wheel.name)
         return 0
