@@ -82,6 +82,8 @@ def test_stop_ends_the_text_before_the_stop_string(server_on):
     streamed = "".join(c.choices[0].text for c in complete(server_on, temperature=0, max_tokens=16, stop=stop,
                                                             stream=True) if c.choices)
     assert streamed == reply.choices[0].text
+    kept = complete(server_on, temperature=0, max_tokens=16, stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == whole[:whole.find(stop) + len(stop)]  # vLLM's field, as chat honours it
 
 
 def test_logprobs_have_the_legacy_shape(server_on):

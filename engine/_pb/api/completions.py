@@ -18,7 +18,8 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, errors, fingerprint, limits, shapes, sse, tokenize
+from . import chat, context, errors, fingerprint, limits, shapes, sse, tokenize, vllm_fields
+from . import stops as stops_
 from .choices import seed_for
 from ..runtime import batched_sampler, sampler
 
@@ -109,13 +110,13 @@ class Choice:
         self.prompt_len, self.head, self.max_new_tokens = prompt_len, head, max_new_tokens
         self.spec, self.stops, self.top = spec, tuple(stops), top
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        keep = bool(vllm_fields.get("include_stop_str_in_output")) if vllm_fields.on() else False
+        self.cutter = stops_.StopCutter(self.stops, keep)
         self.tokens: list[int] = []
         self.text = ""  # generated text released so far
-        self.unfed = ""  # decoded, held back while a stop string may start in it
         self.entries: list[tuple[int, int]] = []  # (token index, offset in the generated text)
         self.sent = 0  # entries already given out (streaming)
-        self.stopped = self.finished = False
+        self.finished = False
         self.error: str | None = None
 
     def take(self, output) -> str:
@@ -127,26 +128,23 @@ class Choice:
             self.tokens.append(int(token))
             if int(token) in self.eos:
                 continue
-            self.entries.append((len(self.tokens) - 1, len(self.text) + len(self.unfed)))
-            released += self._feed(self.decoder.step(self.rust, int(token)) or "")
+            self.entries.append((len(self.tokens) - 1, len(self.text) + len(self.cutter.held)))
+            ready = self.cutter.feed(self.decoder.step(self.rust, int(token)) or "")
+            self.text += ready
+            released += ready
         if output.error is not None:
             self.error = str(output.error)
         if (output.is_finished() or self.stopped) and not self.finished:
             self.finished = True
-            released += self.unfed
-            self.text, self.unfed = self.text + self.unfed, ""
+            rest = self.cutter.flush()
+            self.text += rest
+            released += rest
         return released
 
-    def _feed(self, piece: str) -> str:
-        self.unfed += piece
-        for stop in self.stops:
-            at = self.unfed.find(stop)
-            if at != -1:
-                self.unfed, self.stopped = self.unfed[:at], True
-        cut = len(self.unfed) if self.stopped else max(len(self.unfed) - self.hold, 0)
-        ready, self.unfed = self.unfed[:cut], self.unfed[cut:]
-        self.text += ready
-        return ready
+    @property
+    def stopped(self) -> bool:
+        """A stop string ended the text."""
+        return self.cutter.stopped
 
     def finish_reason(self) -> str:
         truncated = self.max_new_tokens is not None and len(self.tokens) >= self.max_new_tokens

@@ -7,6 +7,7 @@ import json
 
 from .. import knobs
 from . import glm_parser, usage, vllm_fields
+from . import stops as stops_
 from ..runtime import batched_sampler
 
 
@@ -36,16 +37,13 @@ class Reply:
         self.parser = (glm_parser.GlmParser(tools, in_reasoning=opens_thinking, padded=padded)
                        if parses(model) else None)
         self.spec, self.stops = spec, tuple(stops)
-        self.keep_stop = bool(vllm_fields.get("include_stop_str_in_output"))
+        self.cutter = stops_.StopCutter(self.stops, bool(vllm_fields.get("include_stop_str_in_output")))
         # End-of-turn tokens end the reply; they are never text of it, whatever they decode to.
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.unfed = ""  # decoded text not yet given to the parser (a stop string may start in it)
         self.tokens: list[int] = []
         self.text = ""  # what the parser was given
         self.error: str | None = None
         self.finished = False
-        self.stopped = False  # a stop string ended the reply
         self.call_ids: dict[int, str] = {}
         self.calls_ended = 0
         self.logprobs: list[dict] = []
@@ -77,18 +75,13 @@ class Reply:
             events += self._finish()
         return events
 
+    @property
+    def stopped(self) -> bool:
+        """A stop string ended the reply."""
+        return self.cutter.stopped
+
     def _feed(self, piece: str) -> list:
-        self.unfed += piece
-        for stop in self.stops:
-            at = self.unfed.find(stop)
-            if at != -1:
-                self.unfed, self.stopped = self.unfed[:at + (len(stop) if self.keep_stop else 0)], True
-        if self.stopped:
-            ready, self.unfed = self.unfed, ""
-        else:
-            cut = len(self.unfed) - self.hold
-            ready, self.unfed = self.unfed[:cut], self.unfed[cut:]
-        return self._parse(ready)
+        return self._parse(self.cutter.feed(piece))
 
     def _parse(self, text: str) -> list:
         if not text:
@@ -97,8 +90,7 @@ class Reply:
         return [("content", text)] if self.parser is None else self.parser.feed(text)
 
     def _finish(self) -> list:
-        events = self._parse(self.unfed)
-        self.unfed = ""
+        events = self._parse(self.cutter.flush())
         if self.parser is not None:
             events += self.parser.finish(truncated=self.truncated)
         return events
