@@ -257,18 +257,23 @@ class Constraint:
             scores[stops] = keep
             return scores
         if self.ready is not None and self.ready[0] == self.seen:
-            bitmask = self.ready[1]  # 0640: filled with the step's other rows, already on the device
-        else:
-            self.matcher.fill_next_token_bitmask(self.bitmask)
-            bitmask = self.bitmask.to(scores.device)
+            return scores  # 0640: the step's bitmask (the phase's extra tokens and forbid in it) applies later
+        self.matcher.fill_next_token_bitmask(self.bitmask)
         extra = self._extra()
         if extra:
-            extra = self._ids(extra, scores)
             keep = scores[extra].clone()
-        xgr.apply_token_bitmask_inplace(scores.view(1, -1), bitmask)
-        if len(extra):
+        xgr.apply_token_bitmask_inplace(scores.view(1, -1), self.bitmask.to(scores.device))
+        if extra:
             scores[extra] = keep
         return scores
+
+    def finish_row(self, row: torch.Tensor) -> None:
+        """A bitmask row the grammar filled -> the whole step's mask: the tokens the phase before the
+        grammar allows besides it set, the forbidden ones cleared (what __call__ leaves finite)."""
+        for token in self._extra():
+            _put(row, token, True)
+        for token in self.forbid:
+            _put(row, token, False)
 
     def allows(self, token: int) -> bool | None:
         """Whether this step's bitmask, filled on the host by 0640, allows `token` (None: unknown)."""
@@ -302,26 +307,29 @@ class Constraint:
 
     def _mask_row(self, row: torch.Tensor) -> None:
         """The allowed tokens of the current state as one bitmask row (what __call__ leaves finite)."""
-        def put(token, on):
-            bit = 1 << (token % 32)
-            value = int(row[token // 32]) & 0xFFFFFFFF
-            value = value | bit if on else value & ~bit
-            row[token // 32] = value - (1 << 32) if value >= 1 << 31 else value
-
         if self.phase == "think" or self.matcher is None:
             row.fill_(-1)
             for token in range(self.vocab_size, row.numel() * 32):
-                put(token, False)
+                _put(row, token, False)
+            for token in self.forbid:
+                _put(row, token, False)
         elif self.matcher.is_terminated():
             row.zero_()
             for token in self.matcher.stop_token_ids:
-                put(token, True)
+                _put(row, token, True)
+            for token in self.forbid:
+                _put(row, token, False)
         else:
             self.matcher.fill_next_token_bitmask(row.view(1, -1))
-            for token in self._extra():
-                put(token, True)
-        for token in self.forbid:
-            put(token, False)
+            self.finish_row(row)
+
+
+def _put(row: torch.Tensor, token: int, on: bool) -> None:
+    """Set or clear one token's bit in an int32 bitmask row."""
+    bit = 1 << (token % 32)
+    value = int(row[token // 32]) & 0xFFFFFFFF
+    value = value | bit if on else value & ~bit
+    row[token // 32] = value - (1 << 32) if value >= 1 << 31 else value
 
 
 def start_phase(tokenizer, input_ids) -> str:

@@ -106,6 +106,8 @@ class Budget:
         self.longest = max(self.longest, len(spec.tokens) - self.mark)
         self.mark = len(spec.tokens)
         if self.max_new_tokens and self.max_new_tokens - len(spec.tokens) <= self.longest:
+            if hasattr(self.inner, "_ids"):
+                ends = self.inner._ids(ends, scores)  # 0640: an index kept on the device, no wait
             keep = scores[ends].clone()  # another call would be cut: end the turn
             scores.fill_(float("-inf"))
             scores[ends] = keep

@@ -115,7 +115,11 @@ def _write_processing(rows, scores: torch.Tensor) -> None:
         scores[_rows_tensor(sup_r, device, torch.long), _rows_tensor(sup_t, device, torch.long)] = float("-inf")
     for r, spec in enumerate(rows):
         if spec.mask is not None:
-            scores[r] = spec.mask(spec, scores[r])
+            row = scores[r]
+            masked = spec.mask(spec, row)
+            if masked.data_ptr() != row.data_ptr():  # a mask that made a new tensor
+                scores[r] = masked
+    grammar_overlap.apply(scores)  # 0640: the bitmasks of the rows it prepared, all at once
 
 
 CHUNK = 16  # rows sampled together: bounds the step's temporaries (about 10 of [CHUNK, vocab] x 8 bytes)
@@ -173,10 +177,10 @@ def choose_rows(rows, raw: torch.Tensor, index: list) -> torch.Tensor:
     logits' device; each Spec's position moves on by one, and rows that need their tokens on
     the host get them."""
     catch_up()  # 0640: the tokens the last step chose, before anything reads them
-    grammar_overlap.prepare(rows, raw.device)  # 0640: before any GPU work of the step
-    picks = torch.empty(len(rows), dtype=torch.long, device=raw.device)
     forced = [r for r, spec in enumerate(rows) if spec.forced is not None]
     free = [r for r, spec in enumerate(rows) if spec.forced is None]
+    grammar_overlap.prepare([rows[r] for r in free], raw.device)  # 0640: before any GPU work of the step
+    picks = torch.empty(len(rows), dtype=torch.long, device=raw.device)
     if forced:
         tokens = [rows[r].forced[len(rows[r].tokens)] if len(rows[r].tokens) < len(rows[r].forced)
                   else rows[r].forced_end for r in forced]

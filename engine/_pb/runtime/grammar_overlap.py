@@ -5,9 +5,10 @@ next-token bitmask on the host and copied it to the GPU with a wait, so the host
 until the forward pass ended and then filled the next row's mask while the GPU sat idle.
 Here, before the batched sampler (0630) puts any work on the GPU, every constrained row's
 grammar is advanced and the step's bitmasks are filled together by xgrammar's own threads
-into one pinned buffer; one copy takes them to the device behind the forward pass, and each
-row's mask applies its row of it. The host never waits in between; the masks are the same
-bits, so the replies are too.
+into one pinned buffer (each row finished with the tokens its phase allows besides the
+grammar, its forbidden ones cleared); one copy takes them to the device behind the forward
+pass, and one kernel applies them all after the rows' masks ran. The host never waits in
+between; the masks are the same bits, so the replies are too.
 """
 
 import torch
@@ -17,6 +18,7 @@ from .. import knobs
 _batch = None  # xgrammar's BatchGrammarMatcher: its threads fill the rows
 _buffers: dict = {}  # (device, words) -> two host buffers used in turn
 _turn = 0
+_step = None  # (device bitmask [rows, words], rows) that `apply` masks in this step
 
 
 def on() -> bool:
@@ -46,11 +48,14 @@ def _host_buffer(device: torch.device, rows: int, words: int) -> torch.Tensor:
 
 
 def prepare(rows, device: torch.device) -> None:
-    """Before the step's first GPU work: fill the bitmasks of the rows whose request has 0640."""
-    global _batch
-    wanted = []
-    for spec in rows:
-        if spec.mask is None or not getattr(spec, "overlap", False) or spec.forced is not None:
+    """Before the step's first GPU work: fill the bitmasks of the rows (the step's free rows, in the
+    order of their scores) whose request has 0640, each finished with its phase's extra and
+    forbidden tokens, and send them to the device in one copy for `apply`."""
+    global _batch, _step
+    _step = None
+    wanted, at = [], []
+    for j, spec in enumerate(rows):
+        if spec.mask is None or not getattr(spec, "overlap", False):
             continue
         constraint = constraint_of(spec.mask)
         if constraint is None:
@@ -59,6 +64,7 @@ def prepare(rows, device: torch.device) -> None:
         constraint.overlap, constraint.ready = True, None
         if constraint.needs_bitmask():
             wanted.append(constraint)
+            at.append(j)
     if not wanted:
         return
     import xgrammar as xgr
@@ -66,8 +72,24 @@ def prepare(rows, device: torch.device) -> None:
     if _batch is None:
         _batch = xgr.BatchGrammarMatcher()
     words = xgr.get_bitmask_shape(1, wanted[0].vocab_size)[1]
-    host = _host_buffer(device, len(wanted), words)[:len(wanted)]
-    _batch.batch_fill_next_token_bitmask([c.matcher for c in wanted], host)
+    host = _host_buffer(device, len(rows), words)[:len(rows)]
+    _batch.batch_fill_next_token_bitmask([c.matcher for c in wanted], host, at)
+    for constraint, j in zip(wanted, at):
+        constraint.finish_row(host[j])
     on_device = host.to(device, non_blocking=True) if device.type == "cuda" else host.clone()
-    for j, constraint in enumerate(wanted):  # rows as [1, words]: xgrammar's GPU kernel reads a 2-D mask
+    for constraint, j in zip(wanted, at):
         constraint.ready = (constraint.seen, on_device[j:j + 1], host[j])
+    _step = (on_device, at)
+
+
+def apply(scores: torch.Tensor) -> None:
+    """After the step's masks ran over `scores` [rows, vocab]: every prepared row's bitmask at once
+    (their masks left it to this; xgrammar's kernel, one launch)."""
+    global _step
+    if _step is None:
+        return
+    import xgrammar as xgr
+
+    on_device, at = _step
+    _step = None
+    xgr.apply_token_bitmask_inplace(scores, on_device, indices=at)
