@@ -16,25 +16,30 @@ def _title(config: dict) -> str:
     return f"A {json.dumps(config['arms']['A'])}  vs  B {json.dumps(config['arms']['B'])}"
 
 
+def _ratio_bars(ax, levels: list, ratios: list) -> None:
+    """One marker series per level: ratios[k][i] is {"ratio", "ci95"} of column i at levels[k]
+    (a ratio of None is left out), its 95 % CI as error bars, and the line of no change."""
+    width = 0.7 / max(len(levels), 1)
+    for k, level in enumerate(levels):
+        xs, ys, lo, hi = [], [], [], []
+        for i, r in enumerate(ratios[k]):
+            if r["ratio"] is None:
+                continue
+            ci = r["ci95"] or (r["ratio"], r["ratio"])
+            xs.append(i - 0.35 + width * (k + 0.5))
+            ys.append(r["ratio"])
+            lo.append(max(r["ratio"] - ci[0], 0.0))
+            hi.append(max(ci[1] - r["ratio"], 0.0))
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=f"C{level}")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+
+
 def ratio_plot(summary: dict, config: dict, out: Path) -> None:
     """B/A decode tok/s per prompt, one marker series per concurrency level, 95 % CI as error bars."""
     levels = list(summary["levels"])
     prompts = list(summary["levels"][levels[0]]["prompts"]) if levels else []
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(prompts) + 2), 4.2), dpi=100)
-    width = 0.7 / max(len(levels), 1)
-    for k, level in enumerate(levels):
-        xs, ys, lo, hi = [], [], [], []
-        for i, pid in enumerate(prompts):
-            dec = summary["levels"][level]["prompts"][pid]["decode"]
-            if dec["ratio"] is None:
-                continue
-            ci = dec["ci95"] or (dec["ratio"], dec["ratio"])
-            xs.append(i - 0.35 + width * (k + 0.5))
-            ys.append(dec["ratio"])
-            lo.append(max(dec["ratio"] - ci[0], 0.0))
-            hi.append(max(ci[1] - dec["ratio"], 0.0))
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=f"C{level}")
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    _ratio_bars(ax, levels, [[summary["levels"][lv]["prompts"][pid]["decode"] for pid in prompts] for lv in levels])
     ax.set_xticks(range(len(prompts)), prompts, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("decode tok/s, B / A")
     ax.set_title(_title(config), fontsize=9)
@@ -159,20 +164,7 @@ def agent_ratio_plot(summary: dict, config: dict, out: Path) -> None:
     modes = list(summary["levels"][levels[0]]["b_over_a"]) if levels else []
     rows += [(f"B/A {m}", {lv: summary["levels"][lv]["b_over_a"][m]["aggregate"] for lv in levels}) for m in modes]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows) + 2), 4.2), dpi=100)
-    width = 0.7 / max(len(levels), 1)
-    for k, level in enumerate(levels):
-        xs, ys, lo, hi = [], [], [], []
-        for i, (_, by_level) in enumerate(rows):
-            r = by_level[level]
-            if r["ratio"] is None:
-                continue
-            ci = r["ci95"] or (r["ratio"], r["ratio"])
-            xs.append(i - 0.35 + width * (k + 0.5))
-            ys.append(r["ratio"])
-            lo.append(max(r["ratio"] - ci[0], 0.0))
-            hi.append(max(ci[1] - r["ratio"], 0.0))
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=f"C{level}")
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    _ratio_bars(ax, levels, [[by_level[lv] for _, by_level in rows] for lv in levels])
     ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("aggregate tok/s, ratio")
     ax.set_title("paired ratios, median over reps, 95 % CI", fontsize=9)
