@@ -110,8 +110,7 @@ class Choice:
         self.prompt_len, self.head, self.max_new_tokens = prompt_len, head, max_new_tokens
         self.spec, self.stops, self.top = spec, tuple(stops), top
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        keep = bool(vllm_fields.get("include_stop_str_in_output")) if vllm_fields.on() else False
-        self.cutter = stops_.StopCutter(self.stops, keep)
+        self.cutter = stops_.StopCutter(self.stops, bool(vllm_fields.get("include_stop_str_in_output")))
         self.tokens: list[int] = []
         self.text = ""  # generated text released so far
         self.entries: list[tuple[int, int]] = []  # (token index, offset in the generated text)

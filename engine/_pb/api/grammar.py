@@ -230,7 +230,7 @@ class Constraint:
             return list(self.newlines)
         return []
 
-    def _ids(self, ids: list, scores: torch.Tensor):
+    def device_ids(self, ids: list, scores: torch.Tensor):
         """`ids` to index `scores` with: a device tensor kept for the request under 0640 (indexing a
         GPU tensor with a list copies it there and waits), the list itself otherwise."""
         if not self.overlap:
@@ -245,13 +245,13 @@ class Constraint:
 
         self.catch_up(spec)
         if self.forbid:
-            scores[self._ids(self.forbid, scores)] = float("-inf")
+            scores[self.device_ids(self.forbid, scores)] = float("-inf")
         if self.phase == "think" or self.matcher is None:
             return scores
         if self.matcher.is_terminated():
             # The grammar took its stop token, so the reply has ended; with async batching the row can
             # still be in the next step, whose token is dropped. Only a stop token may be chosen there.
-            stops = self._ids(list(self.matcher.stop_token_ids), scores)
+            stops = self.device_ids(list(self.matcher.stop_token_ids), scores)
             keep = scores[stops].clone()
             scores.fill_(float("-inf"))
             scores[stops] = keep
@@ -311,17 +311,13 @@ class Constraint:
             row.fill_(-1)
             for token in range(self.vocab_size, row.numel() * 32):
                 _put(row, token, False)
-            for token in self.forbid:
-                _put(row, token, False)
         elif self.matcher.is_terminated():
             row.zero_()
             for token in self.matcher.stop_token_ids:
                 _put(row, token, True)
-            for token in self.forbid:
-                _put(row, token, False)
         else:
             self.matcher.fill_next_token_bitmask(row.view(1, -1))
-            self.finish_row(row)
+        self.finish_row(row)  # extra tokens only before the grammar (already set without one); forbid always
 
 
 def _put(row: torch.Tensor, token: int, on: bool) -> None:

@@ -87,7 +87,7 @@ class Budget:
         return scores
 
     def _may_end(self, spec, scores: torch.Tensor, token: int) -> bool:
-        allowed = self.inner.allows(token) if hasattr(self.inner, "allows") else None
+        allowed = self.inner.allows(token)
         if allowed is None:
             return bool(scores[token] > float("-inf"))  # a wait for the step's logits
         # 0640 filled the grammar's mask on the host: read it there. Before the mask only min_tokens
@@ -106,8 +106,7 @@ class Budget:
         self.longest = max(self.longest, len(spec.tokens) - self.mark)
         self.mark = len(spec.tokens)
         if self.max_new_tokens and self.max_new_tokens - len(spec.tokens) <= self.longest:
-            if hasattr(self.inner, "_ids"):
-                ends = self.inner._ids(ends, scores)  # 0640: an index kept on the device, no wait
+            ends = self.inner.device_ids(ends, scores)  # under 0640 kept on the device: no wait
             keep = scores[ends].clone()  # another call would be cut: end the turn
             scores.fill_(float("-inf"))
             scores[ends] = keep

@@ -33,8 +33,8 @@ def constraint_of(mask):
 
 def _host_buffer(device: torch.device, rows: int, words: int) -> torch.Tensor:
     """A host buffer of at least `rows` rows. Pinned for a GPU, so the copy does not wait; two of
-    them in turn, so a step never writes into the one the previous step's copy reads (the
-    previous step's wait for its constrained rows' tokens also followed that copy)."""
+    them in turn, so a step never writes into the one the previous step's copy may still read
+    (a step's copy is done once the next step has waited for that step's tokens, which follow it)."""
     global _turn
     key = (device.type, words)
     pair = _buffers.get(key)
@@ -55,7 +55,7 @@ def prepare(rows, device: torch.device) -> None:
     _step = None
     wanted, at = [], []
     for j, spec in enumerate(rows):
-        if spec.mask is None or not getattr(spec, "overlap", False):
+        if spec.mask is None or not spec.overlap:
             continue
         constraint = constraint_of(spec.mask)
         if constraint is None:

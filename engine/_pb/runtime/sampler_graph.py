@@ -60,6 +60,21 @@ def _capture(device, bucket: int, vocab: int, kind: str) -> _Captured:
     return _Captured(graph, scores, params, picks)
 
 
+def _graph_for(device, bucket: int, vocab: int, kind: str) -> _Captured | None:
+    """The captured draw of this size and mix, captured now if it is not yet; None when a capture
+    failed (the server then draws eagerly from then on)."""
+    global _failed
+    key = (device, bucket, vocab, kind)
+    if key not in _graphs and not _failed:
+        try:
+            _graphs[key] = _capture(device, bucket, vocab, kind)
+        except Exception as e:  # keep serving: the eager draw gives the same tokens
+            _failed = True
+            logger.warning("patchbay: PB_SAMPLER_GRAPH could not capture the sampler (%s: %s); drawing eagerly",
+                           type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+    return _graphs.get(key)
+
+
 def reserve(model) -> None:
     """At start, before the KV pool is sized from the memory left: capture every graph, so the
     pool leaves their memory alone (a graph's memory is its own; captured later, it came out of
@@ -69,29 +84,18 @@ def reserve(model) -> None:
     vocab = model.config.get_text_config().vocab_size
     for bucket in BUCKETS:
         for kind in ("uncut", "cut", "mixed"):
-            race(torch.zeros(bucket, vocab, device=model.device), [[1.0] * bucket, [float(vocab)] * bucket,
-                 [1.0] * bucket, [0.0] * bucket, [0.0] * bucket, [1.0] * bucket], kind)
-    torch.cuda.synchronize(model.device)
+            _graph_for(model.device, bucket, vocab, kind)
 
 
 def race(scores: torch.Tensor, params: list, kind: str) -> torch.Tensor:
     """batched_sampler.race for a chunk of at most 16 rows: scores [rows, vocab] on the GPU,
     `params` the six lists of the rows' settings (batched_sampler._sample's)."""
-    global _failed
     rows, vocab = scores.shape
-    bucket = next(b for b in BUCKETS if b >= rows)
-    key = (scores.device, bucket, vocab, kind)
-    captured = _graphs.get(key)
+    captured = _graph_for(scores.device, next(b for b in BUCKETS if b >= rows), vocab, kind)
     if captured is None:
-        try:
-            captured = _graphs[key] = _capture(scores.device, bucket, vocab, kind)
-        except Exception as e:  # keep serving: the eager draw gives the same tokens
-            _failed = True
-            logger.warning("patchbay: PB_SAMPLER_GRAPH could not capture the sampler (%s: %s); drawing eagerly",
-                           type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-            from .batched_sampler import race as eager
+        from .batched_sampler import race as eager
 
-            return eager(scores, torch.tensor(params, dtype=torch.float64).to(scores.device), kind)
+        return eager(scores, torch.tensor(params, dtype=torch.float64).to(scores.device), kind)
     captured.scores[:rows].copy_(scores)
     captured.params[:rows].copy_(torch.tensor(params, dtype=torch.float64).t(), non_blocking=True)
     captured.graph.replay()
