@@ -163,6 +163,31 @@ def engine_module(engine: build.Engine, name: str):
     return importlib.import_module(f"{package}.{name}")
 
 
+# The sampler's and the grammar's modules, and the tiny model's tokenizer, for the tests that
+# drive them directly (a module that means something else by one of these names defines its own).
+@pytest.fixture(scope="session")
+def grammar(patched_engine):
+    return engine_module(patched_engine, "api.grammar")
+
+
+@pytest.fixture(scope="session")
+def sampler(patched_engine):
+    return engine_module(patched_engine, "runtime.sampler")
+
+
+@pytest.fixture(scope="session")
+def bs(patched_engine):
+    """0630's batched sampler."""
+    return engine_module(patched_engine, "runtime.batched_sampler")
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
 class Server:
     def __init__(self, engine: build.Engine, model: str, knobs: dict[str, str], run_dir: Path, **settings):
         self.cfg = dataclasses.replace(LOCAL, port=free_port(), knobs=knobs, run_dir=str(run_dir), **settings)

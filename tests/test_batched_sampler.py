@@ -13,19 +13,9 @@ import httpx
 import pytest
 import torch
 
-from .conftest import ALL_ON, Server, engine_module
+from .conftest import ALL_ON, Server
 
 pytestmark = pytest.mark.build
-
-
-@pytest.fixture(scope="module")
-def bs(patched_engine):
-    return engine_module(patched_engine, "runtime.batched_sampler")
-
-
-@pytest.fixture(scope="module")
-def sampler(patched_engine):
-    return engine_module(patched_engine, "runtime.sampler")
 
 
 def spec(sampler, **settings):

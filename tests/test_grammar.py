@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 
-from .conftest import engine_module
 
 pytestmark = pytest.mark.engine
 
@@ -47,18 +46,6 @@ CASES = {
     "maxProperties": ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', '{"a":1}'),
     "propertyNames": ({"type": "object", "propertyNames": {"pattern": "^a"}}, '{"b":1}', '{"a":1}'),
 }
-
-
-@pytest.fixture(scope="module")
-def grammar(patched_engine):
-    return engine_module(patched_engine, "api.grammar")
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 @pytest.fixture(scope="module")

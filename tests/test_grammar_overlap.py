@@ -15,7 +15,6 @@ import httpx
 import pytest
 import torch
 
-from .conftest import engine_module
 
 pytestmark = pytest.mark.build
 
@@ -23,33 +22,6 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
           "properties": {"name": {"type": "string", "maxLength": 12},
                          "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}, "maxItems": 3},
                          "n": {"type": "integer", "minimum": 0, "maximum": 999}}}
-
-
-@pytest.fixture(scope="module")
-def grammar(patched_engine):
-    return engine_module(patched_engine, "api.grammar")
-
-
-@pytest.fixture(scope="module")
-def overlap(patched_engine):
-    return engine_module(patched_engine, "runtime.grammar_overlap")
-
-
-@pytest.fixture(scope="module")
-def bs(patched_engine):
-    return engine_module(patched_engine, "runtime.batched_sampler")
-
-
-@pytest.fixture(scope="module")
-def sampler(patched_engine):
-    return engine_module(patched_engine, "runtime.sampler")
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +104,7 @@ def test_the_compiler_keeps_one_compiled_grammar_per_schema(grammar, tok, compil
     assert comp.get_cache_size_bytes() > size
 
 
-def test_the_batched_sampler_picks_the_same_tokens_with_masks_filled_together(grammar, tok, compiled, sampler,
-                                                                             bs, overlap):
+def test_the_batched_sampler_picks_the_same_tokens_with_masks_filled_together(grammar, tok, compiled, sampler, bs):
     vocab = len(tok)
     torch.manual_seed(4)
 

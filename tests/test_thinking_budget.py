@@ -32,13 +32,6 @@ OFF = {"PB_THINKING_BUDGET": 0}
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
-@pytest.fixture(scope="module")
 def ids(tok):
     return {t: tok.convert_tokens_to_ids(t) for t in synth.SPECIAL_TOKENS}
 
