@@ -236,5 +236,5 @@ def test_agent_workload_through_the_cli(server_on, tmp_path):
     summary = json.loads((window / "summary.json").read_text())
     assert summary["errors"] == 0 and set(summary["pairs"]) == {"sampled/greedy", "defaults/greedy", "json/free",
                                                                 "tools-auto/free", "tools-required/free",
-                                                                "logprobs/free"}
+                                                                "tools-required/tools-auto", "logprobs/free"}
     assert "| sampled/greedy | A |" in (window / "SUMMARY.md").read_text()
