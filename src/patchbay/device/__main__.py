@@ -90,8 +90,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--a-env", metavar="JSON", help="arm A is a server started with these PB_* variables (a JSON "
                    "object, a knob set such as @prod, or @prod+JSON)")
     b.add_argument("--b-env", metavar="JSON", help="arm B is a second server, side by side, with these")
-    b.add_argument("--num-blocks", type=int, default=192,
-                   help="with --a-env/--b-env: each server's KV pages of 256 tokens (default: %(default)s)")
+    b.add_argument("--num-blocks", type=int,
+                   help="KV pages of 256 tokens: with --a-env/--b-env or --model-dir each server's (default: 192), "
+                   "alone the one server's (default: upstream's, from the memory left)")
     b.add_argument("--logs", default="/tmp/pb-ab-logs", help="with --a-env/--b-env: the servers' logs")
     b.add_argument("--model-dir", help="serve this checkpoint (`patchbay synth air12 DIR`) instead of air12 in "
                    "memory: with --a-env/--b-env as --a-tp / --b-tp ranks, alone as one server of --a-tp ranks "
@@ -160,16 +161,16 @@ def main(argv: list[str]) -> int:
             envs = [parse_env(args.a_env, "--a-env"), parse_env(args.b_env, "--b-env")]
             if (args.a_tp, args.b_tp) != (1, 1) and not args.model_dir:
                 raise SystemExit("--a-tp/--b-tp need --model-dir: tensor-parallel ranks load a checkpoint")
-            return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks, Path(args.logs), ab_args,
+            return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks or 192, Path(args.logs), ab_args,
                                 args.model_dir, (args.a_tp, args.b_tp),
                                 score=Path(args.score) if args.score else None,
                                 engines=(args.a_engine, args.b_engine))
         if args.model_dir:  # one server of the checkpoint; ab's arms are per-request knobs (or --b-url)
-            return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks,
+            return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks or 192,
                                  Path(args.logs), ab_args)
         return with_server(args.cuda_graphs, args.port,
                            lambda url: run("ab", ["--url", url, "--model", AIR12, *ab_args]),
-                           compile=args.compile)
+                           compile=args.compile, num_blocks=args.num_blocks)
     if args.verb == "exact":
         from .gpu import exact_job
 
