@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from . import grammar_overlap, sampler_graph
+from . import grammar_overlap, sampler_graph, sort_free
 
 MASK32 = 0xFFFFFFFF
 _server_rng = random.Random()  # seeded from the OS at import: unseeded requests' seeds
@@ -124,6 +124,21 @@ def _write_processing(rows, scores: torch.Tensor) -> None:
 
 CHUNK = 16  # rows sampled together: bounds the step's temporaries (about 10 of [CHUNK, vocab] x 8 bytes)
 
+# A row's way through the draw, chosen by its own settings and its request's knobs, never by its
+# neighbours' (so are its bits): "whole" races over the whole vocabulary in token order (nothing
+# to cut), "sorted" sorts the row for its cuts, "free" cuts without a sort (PB_SORT_FREE). A
+# chunk's kind names the ways its rows take, joined by "+" in this order.
+PATHS = ("whole", "sorted", "free")
+KINDS = tuple("+".join(p for i, p in enumerate(PATHS) if mask >> i & 1) for mask in range(1, 1 << len(PATHS)))
+
+
+def path(spec, vocab: int) -> str:
+    if 0 < spec.top_k < vocab:
+        return "sorted"  # top-p then weighs the top k alone: PB_SORT_FREE leaves these to the sort
+    if spec.sort_free:
+        return "free"
+    return "whole" if spec.top_p >= 1.0 and not spec.min_p else "sorted"
+
 
 def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p for every row at once, then the race: token ids [rows].
@@ -132,15 +147,13 @@ def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
     if len(rows) > CHUNK:
         return torch.cat([_sample(rows[i:i + CHUNK], scores[i:i + CHUNK]) for i in range(0, len(rows), CHUNK)])
     vocab = scores.shape[-1]
-    # A row with nothing to cut races over the whole vocabulary in token order, without a sort. The
-    # path is the row's own choice (by its settings), never its neighbours', so its bits are too.
-    uncut = [spec.top_k in (0, vocab) and spec.top_p >= 1.0 and not spec.min_p for spec in rows]
-    kind = "uncut" if all(uncut) else "cut" if not any(uncut) else "mixed"
+    ways = [path(spec, vocab) for spec in rows]
+    kind = "+".join(p for p in PATHS if p in ways)
     # One copy to the device for every row's settings (float64 holds the 32-bit keys exactly).
     params = [[spec.temperature or 1.0 for spec in rows],
               [spec.top_k if 0 < spec.top_k < vocab else vocab for spec in rows],
               [spec.top_p for spec in rows], [spec.min_p for spec in rows],
-              [row_key(spec.seed, spec.position) for spec in rows], [float(u) for u in uncut]]
+              [row_key(spec.seed, spec.position) for spec in rows], [float(PATHS.index(w)) for w in ways]]
     if all(spec.graphed for spec in rows) and sampler_graph.usable(scores):
         return sampler_graph.race(scores, params, kind)  # 0650: one replay instead of ~50 launches
     return race(scores, _rows_tensor(params, scores.device, torch.float64), kind)
@@ -149,27 +162,33 @@ def _sample(rows, scores: torch.Tensor) -> torch.Tensor:
 def race(scores: torch.Tensor, params: torch.Tensor, kind: str) -> torch.Tensor:
     """The draw on the device alone, no host work (so a CUDA graph can hold it): scores [rows,
     vocab] float32, params [6, rows] float64 (temperature, top_k, top_p, min_p, the row's key,
-    1 for a row with nothing to cut); `kind` says which rows there are: "uncut", "cut" or
-    "mixed" (both paths computed for every row, each row taking its own)."""
+    the row's index in PATHS); `kind` (one of KINDS) says which ways the rows take: each is
+    computed for every row, each row keeping its own."""
     device, vocab = scores.device, scores.shape[-1]
     temperature, top_p, min_p = params[0, :, None].float(), params[2, :, None].float(), params[3, :, None].float()
     keys = params[4, :, None].long()
     scaled = scores / temperature
-    if kind != "cut":
+    drawn = {}
+    ways = kind.split("+")
+    if "whole" in ways:
         ids = torch.arange(vocab, device=device)[None, :]
-        whole = (torch.softmax(scaled, dim=-1) / exponentials(keys, ids)).argmax(dim=-1)
-        if kind == "uncut":
-            return whole
-    ordered, order = scaled.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=device)[None, :]
-    ordered = ordered.masked_fill(rank >= params[1, :, None].long(), float("-inf"))
-    probs = torch.softmax(ordered, dim=-1)
-    probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
-    before = probs.cumsum(dim=-1) - probs
-    probs = probs.masked_fill((before >= top_p) & (rank > 0), 0.0)  # the first is always kept
-    weighted = probs / exponentials(keys, order)
-    cut = order.gather(1, weighted.argmax(dim=-1, keepdim=True)).squeeze(1)
-    return cut if kind == "cut" else torch.where(params[5] > 0, whole, cut)
+        drawn["whole"] = (torch.softmax(scaled, dim=-1) / exponentials(keys, ids)).argmax(dim=-1)
+    if "sorted" in ways:
+        ordered, order = scaled.sort(dim=-1, descending=True, stable=True)
+        rank = torch.arange(vocab, device=device)[None, :]
+        ordered = ordered.masked_fill(rank >= params[1, :, None].long(), float("-inf"))
+        probs = torch.softmax(ordered, dim=-1)
+        probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
+        before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill((before >= top_p) & (rank > 0), 0.0)  # the first is always kept
+        weighted = probs / exponentials(keys, order)
+        drawn["sorted"] = order.gather(1, weighted.argmax(dim=-1, keepdim=True)).squeeze(1)
+    if "free" in ways:
+        drawn["free"] = sort_free.race(scaled, top_p[:, 0], min_p[:, 0], keys[:, 0])  # 0660
+    picks = drawn[ways[0]]
+    for way in ways[1:]:
+        picks = torch.where(params[5] == PATHS.index(way), drawn[way], picks)
+    return picks
 
 
 def choose_rows(rows, raw: torch.Tensor, index: list) -> torch.Tensor:

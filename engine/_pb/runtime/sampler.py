@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import knobs
-from . import batched_sampler, grammar_overlap, graphs, sampler_graph, tp
+from . import batched_sampler, grammar_overlap, graphs, sampler_graph, sort_free, tp
 
 
 _specs: dict = {}
@@ -54,6 +54,7 @@ class Spec:
     batched: bool = False  # PB_BATCHED_SAMPLER, as the request had it
     overlap: bool = False  # PB_GRAMMAR_OVERLAP (with PB_BATCHED_SAMPLER), as the request had it
     graphed: bool = False  # PB_SAMPLER_GRAPH (with PB_BATCHED_SAMPLER), as the request had it
+    sort_free: bool = False  # PB_SORT_FREE (with PB_BATCHED_SAMPLER), as the request had it
 
     @property
     def plain_greedy(self) -> bool:
@@ -70,6 +71,7 @@ def register(request_id: str, spec: Spec) -> None:
     spec.batched = batched()
     spec.overlap = spec.batched and grammar_overlap.on()
     spec.graphed = spec.batched and sampler_graph.on()
+    spec.sort_free = spec.batched and sort_free.on()
     if spec.batched:
         if spec.seed is None:
             spec.seed = batched_sampler.draw_seed()

@@ -3,9 +3,9 @@
 The draw is some fifty small kernels (temperature, a sort, softmax, the cuts, the hash that
 gives the race its noise, argmax), and at one row each costs more to launch from Python than
 to run: about 0.6 ms of a 5 ms decode step. Here the draw of each size of chunk (1, 2, 4, 8
-or 16 rows, a chunk padded up to the next) and each mix of rows (all uncut, all cut, both)
-is captured once in a CUDA graph over fixed buffers; a step copies its rows' scores and
-settings in and replays it. The graph runs the very kernels the eager draw runs, row by row,
+or 16 rows, a chunk padded up to the next) and each mix of the ways its rows draw
+(batched_sampler.KINDS) is captured once in a CUDA graph over fixed buffers; a step copies its
+rows' scores and settings in and replays it. The graph runs the very kernels the eager draw runs, row by row,
 so a row's token is the same bits with or without it, alone or batched (padding rows are
 computed and dropped). A server with the knob on captures them all before its KV pool is sized
 (about 0.2 GB on GLM's vocabulary); one that captures later, for a request that turned the knob
@@ -45,8 +45,8 @@ def _capture(device, bucket: int, vocab: int, kind: str) -> _Captured:
     from .batched_sampler import race
 
     scores = torch.zeros(bucket, vocab, device=device)
-    # Rows of settings: temperature 1, nothing cut, key 0, uncut; padding keeps them.
-    params = torch.tensor([[1.0, float(vocab), 1.0, 0.0, 0.0, 1.0]] * bucket, dtype=torch.float64, device=device)
+    # Rows of settings: temperature 1, nothing cut, key 0, the first way; padding keeps them.
+    params = torch.tensor([[1.0, float(vocab), 1.0, 0.0, 0.0, 0.0]] * bucket, dtype=torch.float64, device=device)
     side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -82,8 +82,10 @@ def reserve(model) -> None:
     if not on() or model.device.type != "cuda":
         return
     vocab = model.config.get_text_config().vocab_size
+    from .batched_sampler import KINDS
+
     for bucket in BUCKETS:
-        for kind in ("uncut", "cut", "mixed"):
+        for kind in KINDS:
             _graph_for(model.device, bucket, vocab, kind)
 
 

@@ -4,9 +4,10 @@ For 1 to 128 rows of GLM's vocabulary (151,552 logits), each row sampled with it
 temperature 0.7, top_p 0.95 (what agents send) and, in a second setting, top_k 40 and min_p
 0.05 too, and a mix of rows with and without cuts: the time a step spends choosing, 0100's
 row-by-row `choose` against 0630's batched `choose_rows`, eager and with 0650's draw replayed
-from CUDA graphs (the host's own waits included, median of reps), whether every row's token is
-the same chosen alone as among all the others (batched), and whether the graphs' tokens are
-the eager draw's.
+from CUDA graphs (the host's own waits included, median of reps), and graphed with 0660's
+sort-free cuts; whether every row's token is the same chosen alone as among all the others
+(batched), whether the graphs' tokens are the eager draw's, and how many sort-free tokens are
+the sort's.
 `--device cpu --vocab N` runs the same job small on a CPU (tests/device/test_gpu_sampler.py).
 Writes OUT/sampler.json and prints a table.
 """
@@ -47,11 +48,11 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
         for rows in rows_levels:
             raw = (torch.randn(rows, vocab, device=device) * 3).float()
 
-            def specs(position: int = 0, graphed: bool = False):
+            def specs(position: int = 0, graphed: bool = False, sort_free: bool = False):
                 made = []
                 for r in range(rows):
                     s = sampler.Spec(do_sample=True, seed=1000 + r, **_settings(name, r))
-                    s.position, s.graphed = position, graphed
+                    s.position, s.graphed, s.sort_free = position, graphed, sort_free
                     made.append(s)
                 return made
 
@@ -69,8 +70,11 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
             def graphed():
                 return batched_sampler.choose_rows(specs(graphed=True), raw, list(range(rows)))
 
+            def free():  # 0660 in 0650's graphs
+                return batched_sampler.choose_rows(specs(graphed=True, sort_free=True), raw, list(range(rows)))
+
             timings = {}
-            for label, fn in (("per_row", per_row), ("batched", batched), ("graphed", graphed)):
+            for label, fn in (("per_row", per_row), ("batched", batched), ("graphed", graphed), ("free", free)):
                 fn()  # warm-up: kernels loaded, allocator primed
                 samples = []
                 for _ in range(reps):
@@ -86,22 +90,36 @@ def run(rows_levels: list[int], reps: int, device: str = "cuda", vocab: int = VO
             alone = [int(batched_sampler.choose_rows([specs()[r]], raw[r:r + 1], [0])) for r in range(rows)]
             graphs_alone = [int(batched_sampler.choose_rows([specs(graphed=True)[r]], raw[r:r + 1], [0]))
                             for r in range(rows)]
+            free_together = free().tolist()
+            free_alone = [int(batched_sampler.choose_rows([specs(graphed=True, sort_free=True)[r]], raw[r:r + 1], [0]))
+                          for r in range(rows)]
+            free_eager = batched_sampler.choose_rows(specs(sort_free=True), raw, list(range(rows))).tolist()
             out["levels"].append({"settings": name, "rows": rows, "per_row_ms": timings["per_row"],
                                   "batched_ms": timings["batched"], "graphed_ms": timings["graphed"],
                                   "speedup": timings["per_row"] / timings["batched"],
                                   "graph_speedup": timings["batched"] / timings["graphed"],
                                   "alone_equals_batched": together == alone,
-                                  "graphed_equals_eager": graphed().tolist() == together and graphs_alone == alone})
+                                  "graphed_equals_eager": graphed().tolist() == together and graphs_alone == alone,
+                                  "free_ms": timings["free"], "free_speedup": timings["graphed"] / timings["free"],
+                                  "free_alone_equals_batched": free_together == free_alone,
+                                  "free_graphed_equals_eager": free_together == free_eager,
+                                  "free_same_as_sorted": sum(a == b for a, b in zip(free_together, together))})
     return out
 
 
 def table(result: dict) -> str:
-    lines = ["| settings | rows | row by row, ms | batched, ms | graphed, ms | × batched | × graphed "
-             "| alone == batched | graphed == eager |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    def yes(flag):
+        return "yes" if flag else "NO"
+
+    lines = ["| settings | rows | row by row, ms | batched, ms | graphed, ms | sort-free graphed, ms | × batched "
+             "| × graphed | × sort-free | alone == batched | graphed == eager | sort-free: alone == batched, "
+             "graphed == eager, tokens as sorted |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for lv in result["levels"]:
         lines.append(f"| {lv['settings']} | {lv['rows']} | {lv['per_row_ms']:.2f} | {lv['batched_ms']:.2f} | "
-                     f"{lv['graphed_ms']:.2f} | {lv['speedup']:.1f} | {lv['graph_speedup']:.2f} | "
-                     f"{'yes' if lv['alone_equals_batched'] else 'NO'} | {'yes' if lv['graphed_equals_eager'] else 'NO'} |")
+                     f"{lv['graphed_ms']:.2f} | {lv['free_ms']:.2f} | {lv['speedup']:.1f} | {lv['graph_speedup']:.2f} | "
+                     f"{lv['free_speedup']:.2f} | {yes(lv['alone_equals_batched'])} | {yes(lv['graphed_equals_eager'])} | "
+                     f"{yes(lv['free_alone_equals_batched'])}, {yes(lv['free_graphed_equals_eager'])}, "
+                     f"{lv['free_same_as_sorted']}/{lv['rows']} |")
     return "\n".join(lines)
 
 
@@ -117,4 +135,5 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sampler.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
-    return 0 if all(lv["alone_equals_batched"] and lv["graphed_equals_eager"] for lv in result["levels"]) else 1
+    return 0 if all(lv["alone_equals_batched"] and lv["graphed_equals_eager"] and lv["free_alone_equals_batched"]
+                    and lv["free_graphed_equals_eager"] for lv in result["levels"]) else 1
