@@ -217,6 +217,30 @@ def server_on(patched_engine, tiny_model, tmp_path_factory):
     server.stop()
 
 
+def sampled_reply(server, i: int, seed: int | None, **extra) -> str:
+    """The content of a 24-token sampled chat reply (temperature 0.8, top_p 0.95 unless `extra`
+    says otherwise) to request `i`, seeded or not."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": f"Request {i}: describe a list comprehension."}],
+            "max_tokens": 24, "temperature": 0.8, "top_p": 0.95, "ignore_eos": True, **extra}
+    if seed is not None:
+        body["seed"] = seed
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="session")
+def batched_server(patched_engine, tiny_model, tmp_path_factory):
+    """Every adopted knob on (the batched sampler among them), with a pool small enough that 32
+    requests at once share steps."""
+    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_BATCHED_SAMPLER": "1"},
+                    tmp_path_factory.mktemp("run-batched"), engine_args="--cb-num-blocks 64 --cb-max-batch-tokens 1024")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def server_off(patched_engine, tiny_model, tmp_path_factory):
     """The patched engine with every knob unset: must serve exactly what upstream serves."""

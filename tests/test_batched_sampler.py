@@ -9,11 +9,10 @@ import concurrent.futures
 import copy
 import math
 
-import httpx
 import pytest
 import torch
 
-from .conftest import ALL_ON, Server
+from .conftest import sampled_reply
 
 pytestmark = pytest.mark.build
 
@@ -94,34 +93,16 @@ def test_logprobs_are_the_models_own(bs, sampler):
     assert rows[1].tokens == [] and rows[1].position == 1  # a plain sampled row: no wait for its token
 
 
-@pytest.fixture(scope="module")
-def batched_server(patched_engine, tiny_model, tmp_path_factory):
-    s = Server(patched_engine, tiny_model, {**ALL_ON, "PB_BATCHED_SAMPLER": "1"},
-               tmp_path_factory.mktemp("run-batched"), engine_args="--cb-num-blocks 64 --cb-max-batch-tokens 1024")
-    yield s
-    s.stop()
-
-
-def _reply(server, i: int, seed: int | None, **extra) -> str:
-    body = {"messages": [{"role": "user", "content": f"Request {i}: describe a list comprehension."}],
-            "max_tokens": 24, "temperature": 0.8, "top_p": 0.95, "ignore_eos": True, **extra}
-    if seed is not None:
-        body["seed"] = seed
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["message"]["content"]
-
-
 @pytest.mark.engine
 def test_seeded_replies_alone_equal_replies_batched_with_31_others(batched_server, server_on):
-    alone = [_reply(batched_server, i, seed=1000 + i) for i in range(4)]
+    alone = [sampled_reply(batched_server, i, seed=1000 + i) for i in range(4)]
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        jobs = [pool.submit(_reply, batched_server, i % 4, 1000 + i % 4 if i < 4 else None) for i in range(32)]
+        jobs = [pool.submit(sampled_reply, batched_server, i % 4, 1000 + i % 4 if i < 4 else None) for i in range(32)]
         together = [j.result() for j in jobs]
     assert together[:4] == alone
     assert len(set(together[4:])) > 20  # unseeded requests draw their own seeds
-    assert _reply(batched_server, 0, None, temperature=0) == _reply(server_on, 0, None, temperature=0)
-    assert alone[0] == _reply(batched_server, 0, seed=1000)  # replayable
+    assert sampled_reply(batched_server, 0, None, temperature=0) == sampled_reply(server_on, 0, None, temperature=0)
+    assert alone[0] == sampled_reply(batched_server, 0, seed=1000)  # replayable
 
 
 def test_uniforms_stay_inside_the_open_interval_at_the_extremes(bs):

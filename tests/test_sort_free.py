@@ -10,11 +10,10 @@ seeded replies alone == next to 31 others, replayable, and the knob-off replies.
 
 import concurrent.futures
 
-import httpx
 import pytest
 import torch
 
-from .conftest import ALL_ON, Server, engine_job
+from .conftest import engine_job, sampled_reply
 
 pytestmark = pytest.mark.build
 
@@ -122,23 +121,8 @@ def test_the_kernel_draws_the_torch_versions_tokens_alone_and_batched(kernel_rep
     assert kernel_report["small_equal"] == [True] * 20  # a 21-token row: most of its parts are empty
 
 
-@pytest.fixture(scope="module")
-def batched_server(patched_engine, tiny_model, tmp_path_factory):
-    s = Server(patched_engine, tiny_model, {**ALL_ON, "PB_BATCHED_SAMPLER": "1"},
-               tmp_path_factory.mktemp("run-sort-free"), engine_args="--cb-num-blocks 64 --cb-max-batch-tokens 1024")
-    yield s
-    s.stop()
-
-
 def _reply(server, i: int, seed: int | None, knob: int = 1) -> str:
-    body = {"messages": [{"role": "user", "content": f"Request {i}: describe a list comprehension."}],
-            "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "min_p": 0.01, "ignore_eos": True,
-            "pb_knobs": {"PB_SORT_FREE": knob}}
-    if seed is not None:
-        body["seed"] = seed
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["message"]["content"]
+    return sampled_reply(server, i, seed, top_p=0.9, min_p=0.01, pb_knobs={"PB_SORT_FREE": knob})
 
 
 @pytest.mark.engine
