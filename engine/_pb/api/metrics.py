@@ -3,7 +3,8 @@
 - `GET /metrics`: Prometheus' text format from a registry of its own. Requests by route and
   status, prompt and completion tokens, time to first token, the gaps between streamed
   tokens, request durations, errors by code, the prefix cache's hit tokens; and, read from the
-  live engine at scrape time, requests running and waiting and the paged cache's blocks.
+  live engine at scrape time, requests running and waiting, the paged cache's blocks and the
+  GPU memory torch's allocator holds.
 - `GET /health`: upstream's status (503 with its reason when the batching worker died), plus
   uptime, the requests in the engine, the token totals and the tensor-parallel ranks' state.
 - One `pb-request {json}` log line per finished request (probes and scrapes excepted).
@@ -263,6 +264,24 @@ def engine_counts(generation_state) -> dict:
     return counts
 
 
+def gpu_memory(gauge):
+    """This process's CUDA memory as torch's allocator counts it, per device (nothing without
+    CUDA): what tensors hold, what the allocator keeps from the driver, and the peak held."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    families = [gauge("pb_gpu_memory_allocated_bytes", "CUDA memory held by tensors", labels=["device"]),
+                gauge("pb_gpu_memory_reserved_bytes", "CUDA memory the caching allocator holds", labels=["device"]),
+                gauge("pb_gpu_memory_peak_allocated_bytes", "The most CUDA memory tensors held since start",
+                      labels=["device"])]
+    for device in range(torch.cuda.device_count()):
+        for family, value in zip(families, (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
+                                            torch.cuda.max_memory_allocated(device))):
+            family.add_metric([str(device)], value)
+    yield from families
+
+
 def ranks() -> dict:
     if not knobs.get("PB_TENSOR_PARALLEL"):
         return {"world_size": 1, "peer_lost": None}
@@ -288,6 +307,7 @@ def _make(generation_state) -> dict:
                 ("pb_kv_blocks_total", "blocks_total", "Paged KV cache blocks in all"),
             ):
                 yield GaugeMetricFamily(name, doc, value=counts[key])
+            yield from gpu_memory(GaugeMetricFamily)
 
     registry.register(Live())
     return {
