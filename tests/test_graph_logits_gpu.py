@@ -59,7 +59,7 @@ def test_graphs_after_the_first_share_one_logits_buffer_and_replay_their_own(kno
         assert all(kept < logits_bytes // 2 for _, _, kept in made[2:])
     else:
         assert made[3][2] >= logits_bytes  # each prompt-sized graph keeps its 592 MiB
-    for x_new in range(2):
+    for _ in range(2):
         for (graph, seen, _), x in zip(made, xs):
             x.copy_(torch.randn_like(x))
             graph.replay()

@@ -5,9 +5,9 @@ gives the race its noise, argmax), and at one row each costs more to launch from
 to run: about 0.6 ms of a 5 ms decode step. Here the draw of each size of chunk (1, 2, 4, 8
 or 16 rows, a chunk padded up to the next) and each mix of the ways its rows draw
 (batched_sampler.KINDS) is captured once in a CUDA graph over fixed buffers; a step copies its
-rows' scores and settings in and replays it. The graph runs the very kernels the eager draw runs, row by row,
-so a row's token is the same bits with or without it, alone or batched (padding rows are
-computed and dropped). A server with the knob on captures them all before its KV pool is sized
+rows' scores and settings in and replays it. The graph runs the very kernels the eager draw
+runs, row by row, so a row's token is the same bits with or without it, alone or batched
+(padding rows are computed and dropped). A server with the knob on captures them all before its KV pool is sized
 (about 0.2 GB on GLM's vocabulary); one that captures later, for a request that turned the knob
 on, takes their memory from the pool's margin. If a capture fails, the server logs it once and
 keeps drawing eagerly.

@@ -25,6 +25,12 @@ def _noisy(x, key, ids):
 
 
 @triton.jit
+def _first_best(best, at, vocab):
+    """The id of the lanes' best value (`at` holds each lane's id); a tie goes to the smaller id."""
+    return tl.min(tl.where(best == tl.max(best, 0), at, vocab), 0)
+
+
+@triton.jit
 def _winner(base, vocab, key, bound_x, bound_i, BLOCK: tl.constexpr):
     """The race's winner among the tokens ranked before (bound_x, bound_i): a larger x, or the
     same x and a smaller id. Each lane keeps its own best over the row, the lanes are compared
@@ -41,22 +47,27 @@ def _winner(base, vocab, key, bound_x, bound_i, BLOCK: tl.constexpr):
         take = g > best
         best = tl.where(take, g, best)
         at = tl.where(take, ids, at)
-    top = tl.max(best, 0)
-    return tl.min(tl.where(best == top, at, vocab), 0)
+    return _first_best(best, at, vocab)
 
 
 @triton.jit
-def _mass_before(base, vocab, xw, w, shift, BLOCK: tl.constexpr):
-    """The sum of exp(x - shift) over the tokens ranked before token w (whose x is xw)."""
+def _mass_before(base, lo, hi, xw, w, shift, BLOCK: tl.constexpr):
+    """The sum of exp(x - shift) over the tokens of [lo, hi) ranked before token w (whose x is xw)."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(0, vocab, BLOCK):
+    for start in range(lo, hi, BLOCK):
         ids = start + offs
-        valid = ids < vocab
-        x = tl.load(base + ids, mask=valid, other=float("-inf"))
-        before = valid & ((x > xw) | ((x == xw) & (ids < w)))
+        x = tl.load(base + ids, mask=ids < hi, other=float("-inf"))
+        before = (ids < hi) & ((x > xw) | ((x == xw) & (ids < w)))
         acc += tl.where(before, tl.exp(x - shift), 0.0)
     return tl.sum(acc, 0)
+
+
+@triton.jit
+def _kept(mass, z, xw, shift, top_p, min_p):
+    """Whether the cuts keep the winner: nothing ranked before it, or less than top_p of the mass
+    and at least min_p of the first's weight."""
+    return (mass == 0.0) | (((top_p >= 1.0) | (mass < top_p * z)) & (tl.exp(xw - shift) >= min_p))
 
 
 @triton.jit
@@ -88,13 +99,12 @@ def pb_sort_free_parts(x_ptr, key_ptr, part_ptr, vocab, stride, chunk, SPLIT: tl
     for start in range(lo, hi, BLOCK):
         ids = start + offs
         acc += tl.exp(tl.load(base + ids, mask=ids < hi, other=float("-inf")) - shift)
-    top = tl.max(best, 0)
     slot = part_ptr + row * SPLIT + part
     plane = rows * SPLIT
     tl.store(slot, m)
     tl.store(slot + plane, tl.sum(acc, 0))
-    tl.store(slot + 2 * plane, top)
-    tl.store(slot + 3 * plane, tl.min(tl.where(best == top, at, vocab), 0).to(tl.float32))
+    tl.store(slot + 2 * plane, tl.max(best, 0))
+    tl.store(slot + 3 * plane, _first_best(best, at, vocab).to(tl.float32))
 
 
 @triton.jit
@@ -107,9 +117,7 @@ def _whole(part_ptr, row, rows, vocab, SPLIT: tl.constexpr):
     m = tl.max(highs, 0)
     shift = tl.where(m == float("-inf"), 0.0, m)
     z = tl.sum(tl.load(slots + plane) * tl.exp(highs - shift), 0)
-    best = tl.load(slots + 2 * plane)
-    top = tl.max(best, 0)
-    w = tl.min(tl.where(best == top, tl.load(slots + 3 * plane).to(tl.int32), vocab), 0)
+    w = _first_best(tl.load(slots + 2 * plane), tl.load(slots + 3 * plane).to(tl.int32), vocab)
     return m, shift, z, w
 
 
@@ -121,17 +129,9 @@ def pb_sort_free_mass(x_ptr, part_ptr, vocab, stride, chunk, SPLIT: tl.constexpr
     rows = tl.num_programs(0)
     base = x_ptr + row.to(tl.int64) * stride
     m, shift, z, w = _whole(part_ptr, row, rows, vocab, SPLIT)
-    xw = tl.load(base + w)
-    offs = tl.arange(0, BLOCK)
     lo = part * chunk
-    hi = tl.minimum(lo + chunk, vocab)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(lo, hi, BLOCK):
-        ids = start + offs
-        x = tl.load(base + ids, mask=ids < hi, other=float("-inf"))
-        before = (ids < hi) & ((x > xw) | ((x == xw) & (ids < w)))
-        acc += tl.where(before, tl.exp(x - shift), 0.0)
-    tl.store(part_ptr + 4 * rows * SPLIT + row * SPLIT + part, tl.sum(acc, 0))
+    mass = _mass_before(base, lo, tl.minimum(lo + chunk, vocab), tl.load(base + w), w, shift, BLOCK)
+    tl.store(part_ptr + 4 * rows * SPLIT + row * SPLIT + part, mass)
 
 
 @triton.jit
@@ -151,13 +151,11 @@ def pb_sort_free(x_ptr, top_p_ptr, min_p_ptr, key_ptr, part_ptr, out_ptr, vocab,
     # The cuts keep a prefix of the ranking, so the first winner inside it is the kept set's. A row
     # of -inf or NaN ends at once, and no row runs more than MAX_ROUNDS (each round leaves about
     # half the ranking before its winner: some 20 rounds for top_p 1e-6 over a flat row).
-    done = (m == float("-inf")) | (z != z)
-    keep = done | (mass == 0.0) | (((top_p >= 1.0) | (mass < top_p * z)) & (tl.exp(xw - shift) >= min_p))
+    keep = (m == float("-inf")) | (z != z) | _kept(mass, z, xw, shift, top_p, min_p)
     rounds = tl.full((), 1, tl.int32)
     while (keep == 0) & (rounds < MAX_ROUNDS):
         w = _winner(base, vocab, key, xw, w, BLOCK)
         xw = tl.load(base + w)
-        mass = _mass_before(base, vocab, xw, w, shift, BLOCK)
-        keep = (mass == 0.0) | (((top_p >= 1.0) | (mass < top_p * z)) & (tl.exp(xw - shift) >= min_p))
+        keep = _kept(_mass_before(base, 0, vocab, xw, w, shift, BLOCK), z, xw, shift, top_p, min_p)
         rounds += 1
     tl.store(out_ptr + row, w.to(tl.int64))
