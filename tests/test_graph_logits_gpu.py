@@ -13,9 +13,10 @@ pytestmark = [pytest.mark.gpu,
 VOCAB = 151_552
 
 
-def capture(graphs, x, w):
+def capture(graphs, x, w, pool):
     """A graph computing [1, rows, vocab] float32 logits from x [rows, hidden], noted as the
-    batching engine's forward notes them; returns (graph, the tensor its logits are read from,
+    batching engine's forward notes them, in the memory pool all graphs share (as upstream's);
+    returns (graph, the tensor its logits are read from,
     the memory its capture kept)."""
     def forward():
         logits = (x @ w).float()[None]
@@ -30,7 +31,7 @@ def capture(graphs, x, w):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         forward()
     graphs.captured(graph)
     torch.cuda.synchronize()
@@ -49,7 +50,8 @@ def test_graphs_after_the_first_share_one_logits_buffer_and_replay_their_own(kno
     torch.manual_seed(0)
     w = torch.randn(256, VOCAB, device="cuda", dtype=torch.bfloat16)
     xs = [torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16) for rows in (4, 1024, 512, 1024)]
-    made = [capture(graphs, x, w) for x in xs]
+    pool = torch.cuda.graph_pool_handle()
+    made = [capture(graphs, x, w, pool) for x in xs]
     logits_bytes = 1024 * VOCAB * 4
     if knob:
         buf = graphs._shared[torch.device("cuda", torch.cuda.current_device())]
