@@ -84,6 +84,8 @@ def fail_step(batch_processor, error: Exception) -> list[str]:
     pass when others in the step were new: rerunning its token writes the same KV entry again.
     When the step held decoding requests alone, or the last pass faulted too, all of them fail;
     when the step is unknown, every active request does."""
+    from ...generation.continuous_batching.requests import RequestStatus
+
     scheduler = batch_processor.scheduler
     try:
         states = [s for s in _batch_states(batch_processor) if s.request_id in scheduler.active_requests]
@@ -99,6 +101,10 @@ def fail_step(batch_processor, error: Exception) -> list[str]:
             batch_processor._handle_request_error(error, request)
         finally:
             scheduler.finish_request(request.request_id)
+            # Its error is delivered. Under async batching the other step in flight may hold it too,
+            # and upstream's update skips only FINISHED (or PENDING) requests there: a FAILED one
+            # would be updated against the blocks just freed, and that fault would fail the others.
+            request.status = RequestStatus.FINISHED
         failed.append(str(request.request_id))
     return failed
 
