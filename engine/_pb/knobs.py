@@ -17,6 +17,7 @@ _request_overrides: contextvars.ContextVar = contextvars.ContextVar("pb_request_
 _taken_from: contextvars.ContextVar = contextvars.ContextVar("pb_request_body", default=None)
 _values: dict | None = None
 _registry: dict | None = None
+_build_id: str | None = None
 
 
 class KnobError(ValueError):
@@ -42,6 +43,14 @@ def build_info() -> dict:
     except ImportError:
         return {"build_id": "unknown", "patches": [], "knobs": {}}
     return json.loads(BUILD_JSON)
+
+
+def build_id() -> str:
+    """The build's id, parsed once (every streamed chunk's system_fingerprint carries it)."""
+    global _build_id
+    if _build_id is None:
+        _build_id = str(build_info().get("build_id", "unknown"))
+    return _build_id
 
 
 def registry() -> dict:

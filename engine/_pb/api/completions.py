@@ -18,7 +18,7 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, errors, fingerprint, limits, shapes, sse, tokenize, vllm_fields
+from . import chat, context, errors, fingerprint, limits, reply, shapes, sse, tokenize, vllm_fields
 from . import stops as stops_
 from .choices import seed_for
 from ..runtime import batched_sampler, sampler
@@ -175,7 +175,7 @@ class Choice:
         return out
 
     def _text(self, token: int) -> str:
-        return self.tokenizer.decode([token])
+        return reply.token_text(self.tokenizer, token)[0]
 
 
 async def handle(handler, body: dict, request_id: str):
@@ -337,7 +337,7 @@ def install(app, chat_handler) -> None:
         import transformers
 
         return JSONResponse({"version": transformers.__version__,
-                             "build": str(knobs.build_info().get("build_id", "unknown"))})
+                             "build": knobs.build_id()})
 
     @app.post("/detokenize")
     async def detokenize(request: Request, body: dict):

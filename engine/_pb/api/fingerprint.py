@@ -59,7 +59,7 @@ class HeadersMiddleware:
 
     def __init__(self, app):
         self.app = app
-        self.build_id = str(knobs.build_info().get("build_id", "unknown"))
+        self.build_id = knobs.build_id()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

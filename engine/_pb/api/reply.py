@@ -4,6 +4,7 @@ request and answers it; each choice of a request has a Reply of its own."""
 
 import hashlib
 import json
+import weakref
 
 from .. import knobs
 from . import glm_parser, usage, vllm_fields
@@ -12,6 +13,23 @@ from ..runtime import batched_sampler
 
 
 GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
+
+# tokenizer -> {token id: (its text, its UTF-8 bytes)}: a logprobs reply names six tokens a step
+# (top_logprobs 5), and decoding each anew held the event loop for most of a reply's host work.
+_TOKEN_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def token_text(tokenizer, token: int) -> tuple:
+    """One token id alone as text, and that text's UTF-8 bytes (a list: the JSON shape), decoded
+    once per tokenizer; callers must not change the list."""
+    texts = _TOKEN_TEXTS.get(tokenizer)
+    if texts is None:
+        texts = _TOKEN_TEXTS.setdefault(tokenizer, {})
+    known = texts.get(token)
+    if known is None:
+        text = tokenizer.decode([token])
+        known = texts[token] = (text, list(text.encode("utf-8")))
+    return known
 
 
 def parses(model) -> bool:
@@ -109,8 +127,8 @@ class Reply:
         self.logprobs.append(entry)
 
     def _token_entry(self, token: int, logprob: float) -> dict:
-        text = self.tokenizer.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        text, utf8 = token_text(self.tokenizer, token)
+        return {"token": text, "logprob": logprob, "bytes": utf8}
 
     # -- OpenAI shapes ------------------------------------------------------------------
 

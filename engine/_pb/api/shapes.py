@@ -20,7 +20,7 @@ def reply_id(request_id: str, prefix: str = "chatcmpl") -> str:
 
 
 def system_fingerprint() -> str:
-    return str(knobs.build_info().get("build_id", "")) if on() else ""
+    return knobs.build_id() if on() else ""
 
 
 def usage_in_stream(body: dict) -> str:
