@@ -262,6 +262,32 @@ def test_stop_logprobs_and_penalties(agent):
     assert text_of(chat(agent, max_tokens=5, logit_bias=bias)) != text_of(chat(agent, max_tokens=5))
 
 
+def test_streamed_logprobs_chunks_are_json_dumps_bytes_and_the_unstreamed_entries(agent):
+    """A stream's chunks are put together from pieces serialized once (the repeated fields once a
+    stream, a token's entry once a tokenizer): each must still be the very text json.dumps
+    writes of what it parses to, and its entries those of the same seeded reply unstreamed.
+    The bias pulls in tokens whose text needs escaping or is not ASCII."""
+    tok = tokenizer(agent.model)
+    odd = ['"', "\\", "\n", "\t", "é", "日本", " \"\\"]
+    ids = sorted({i for text in odd for i in tok.encode(text, add_special_tokens=False)})
+    body = {"model": agent.model, "messages": USER, "max_tokens": 24, "temperature": 1.0, "seed": 11,
+            "logprobs": True, "top_logprobs": 5, "logit_bias": {str(i): 6 for i in ids},
+            "stream_options": {"include_usage": True}}
+    whole = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60).json()
+    with httpx.stream("POST", f"{agent.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(line[len("data: "):]) for line in lines]
+    for line, chunk in zip(lines[:-1], chunks):  # the last one is the fingerprint's own re-dump
+        assert line[len("data: "):] == json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+    streamed = [e for c in chunks if c["choices"] for e in (c["choices"][0].get("logprobs") or {}).get("content", [])]
+    entries = whole["choices"][0]["logprobs"]["content"]
+    assert streamed == entries and len(entries) == whole["usage"]["completion_tokens"] == 24
+    assert all(len(e["top_logprobs"]) == 5 for e in entries)
+    assert any(e["token"] != e["token"].encode("ascii", "ignore").decode() or '"' in e["token"] or "\\" in e["token"]
+               for e in entries), entries  # something was escaped or not ASCII
+    assert all(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in entries)
+
+
 def agent_token_id(server, text: str) -> int:
     (token,) = tokenizer(server.model).encode(text, add_special_tokens=False)
     return token

@@ -82,6 +82,7 @@ def test_counters_move_by_what_the_responses_said(server_on):
     assert after[("pb_requests_running", ())] == 0 and after[("pb_requests_waiting", ())] == 0
     total = after[("pb_kv_blocks_total", ())]
     assert total > 0 and 0 <= after[("pb_kv_blocks_used", ())] <= total
+    assert after[("pb_cuda_graphs", ())] == 0  # read from the engine: a CPU server captures none
     assert after[("pb_requests_total", (("route", "/metrics"), ("status", "200")))] >= 1
 
 

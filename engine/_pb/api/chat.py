@@ -14,7 +14,7 @@ from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits
                vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
-from .reply import Reply, parses
+from .reply import Reply, dumps as _dumps, parses
 from .. import knobs
 
 
@@ -144,17 +144,26 @@ def parse_stop(stop) -> tuple:
     return tuple(stops)
 
 
-def _chunk(request_id: str, model_id: str, created: int, delta: dict | None, finish_reason=None, usage=None,
-           logprobs=None, index: int = 0) -> str:
-    chunk = {"id": shapes.reply_id(request_id), "object": "chat.completion.chunk", "created": created,
-             "model": model_id, "system_fingerprint": shapes.system_fingerprint(), "choices": []}
-    if delta is not None or finish_reason is not None:
-        chunk["choices"] = [{"index": index, "delta": delta or {}, "finish_reason": finish_reason}]
-        if logprobs is not None:
-            chunk["choices"][0]["logprobs"] = {"content": logprobs}
-    if usage is not None:
-        chunk["usage"] = usage
-    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+class _Chunks:
+    """One stream's `data:` events. The fields every chunk repeats (id, object, created, model,
+    system_fingerprint) are serialized once; a chunk's own part is its choice and usage, and
+    the logprobs come as the JSON text Reply.logprobs_json wrote. The bytes are those of
+    json.dumps over the whole chunk (the keys in the same order)."""
+
+    def __init__(self, request_id: str, model_id: str, created: int):
+        head = {"id": shapes.reply_id(request_id), "object": "chat.completion.chunk", "created": created,
+                "model": model_id, "system_fingerprint": shapes.system_fingerprint()}
+        self.head = "data: " + _dumps(head)[:-1] + ',"choices":'
+
+    def __call__(self, delta: dict | None, finish_reason=None, usage=None, logprobs: str | None = None,
+                 index: int = 0) -> str:
+        choices = "[]"
+        if delta is not None or finish_reason is not None:
+            choices = _dumps([{"index": index, "delta": delta or {}, "finish_reason": finish_reason}])
+            if logprobs is not None:  # the choice's last key
+                choices = f'{choices[:-2]},"logprobs":{{"content":{logprobs}}}}}]'
+        usage = "" if usage is None else ',"usage":' + _dumps(usage)
+        return f"{self.head}{choices}{usage}}}\n\n"
 
 
 def _graphs_block(cb) -> bool:
@@ -291,18 +300,19 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     where = shapes.usage_in_stream(body)
 
     async def events():
+        chunk = _Chunks(request_id, model_id, created)
         try:
             for j in range(n):
-                yield _chunk(request_id, model_id, created, {"role": "assistant", "content": ""}, index=j)
+                yield chunk({"role": "assistant", "content": ""}, index=j)
             while not group.finished:
                 j, reply, taken = await group.next()
-                fresh = reply.logprobs[reply.logprobs_sent:]
-                reply.logprobs_sent = len(reply.logprobs)
+                sent, have = reply.logprobs_sent, len(reply.logprob_rows)
+                fresh = reply.logprobs_json(sent, have) if have > sent else None
+                reply.logprobs_sent = have
                 deltas = reply.deltas(taken)
                 if fresh and not deltas:
                     deltas = [{}]
-                parts = [_chunk(request_id, model_id, created, d, logprobs=fresh if i == 0 and fresh else None,
-                                index=j) for i, d in enumerate(deltas)]
+                parts = [chunk(d, logprobs=fresh if i == 0 else None, index=j) for i, d in enumerate(deltas)]
                 if reply.error is not None:
                     parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
                     yield "".join(parts)
@@ -310,12 +320,11 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
                 if parts:
                     yield "".join(parts)
                 if reply.finished and not group.finished:
-                    yield _chunk(request_id, model_id, created, {}, reply.finish_reason(), index=j)
-            final = _chunk(request_id, model_id, created, {}, reply.finish_reason(),
-                           group.usage() if where == "finish" else None, index=j)
+                    yield chunk({}, reply.finish_reason(), index=j)
+            final = chunk({}, reply.finish_reason(), group.usage() if where == "finish" else None, index=j)
             if where == "last":
                 yield final
-                final = _chunk(request_id, model_id, created, None, usage=group.usage())
+                final = chunk(None, usage=group.usage())
             yield fingerprint.stamp_sse(final, _Ids(group.tokens()), request_id)
         finally:
             group.done()

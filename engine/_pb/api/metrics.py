@@ -249,7 +249,7 @@ def _round(seconds):
 def engine_counts(generation_state) -> dict:
     """Requests and cache blocks of the live continuous-batching engine, read without its locks
     (lengths and counters only; a scrape may see a step half done)."""
-    counts = {"running": 0, "waiting": 0, "blocks_used": 0, "blocks_total": 0}
+    counts = {"running": 0, "waiting": 0, "blocks_used": 0, "blocks_total": 0, "graphs": 0}
     cb = getattr(getattr(generation_state, "_cb_manager", None), "_cb", None)
     if cb is None:
         return counts
@@ -261,7 +261,16 @@ def engine_counts(generation_state) -> dict:
         cache = processor.cache
         counts["blocks_total"] = int(cache.num_blocks)
         counts["blocks_used"] = max(0, cache.num_blocks - round(cache.compute_free_capacity() * cache.num_blocks))
+        counts["graphs"] = graphs_held(processor)
     return counts
+
+
+def graphs_held(processor) -> int:
+    """The CUDA graphs the batching engine has captured (one per step shape and IO pair; a graph
+    is captured the first time its shape comes, which stalls every stream for that step)."""
+    io = getattr(processor, "inputs_and_outputs", None)
+    holders = [pair.device_io for pair in getattr(io, "io_pairs", ())] or [io]
+    return sum(len(getattr(getattr(h, "graphs", None), "_storage", ())) for h in holders if h is not None)
 
 
 def gpu_memory(gauge):
@@ -305,6 +314,7 @@ def _make(generation_state) -> dict:
                 ("pb_requests_waiting", "waiting", "Requests submitted and not yet scheduled"),
                 ("pb_kv_blocks_used", "blocks_used", "Paged KV cache blocks in use (cached prefixes included)"),
                 ("pb_kv_blocks_total", "blocks_total", "Paged KV cache blocks in all"),
+                ("pb_cuda_graphs", "graphs", "CUDA graphs the batching engine holds (a new one is a capture)"),
             ):
                 yield GaugeMetricFamily(name, doc, value=counts[key])
             yield from gpu_memory(GaugeMetricFamily)

@@ -14,22 +14,54 @@ from ..runtime import batched_sampler
 
 GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
 
-# tokenizer -> {token id: (its text, its UTF-8 bytes)}: a logprobs reply names six tokens a step
-# (top_logprobs 5), and decoding each anew held the event loop for most of a reply's host work.
-_TOKEN_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# tokenizer -> {token id: _Token}: a logprobs reply names six tokens a step (top_logprobs 5), and
+# decoding and serializing each anew held the event loop for most of a reply's host work.
+_TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def token_text(tokenizer, token: int) -> tuple:
-    """One token id alone as text, and that text's UTF-8 bytes (a list: the JSON shape), decoded
-    once per tokenizer; callers must not change the list."""
-    texts = _TOKEN_TEXTS.get(tokenizer)
-    if texts is None:
-        texts = _TOKEN_TEXTS.setdefault(tokenizer, {})
-    known = texts.get(token)
+class _Token(tuple):
+    """One token's logprobs entry, worked out once per tokenizer: its text, its UTF-8 bytes (a list:
+    the JSON shape; callers must not change it), and the entry's JSON on either side of its
+    number: `{"token":…,"logprob":` and `,"bytes":[…]`."""
+
+    __slots__ = ()
+
+    text = property(lambda self: self[0])
+    utf8 = property(lambda self: self[1])
+    head = property(lambda self: self[2])
+    tail = property(lambda self: self[3])
+
+
+def token_text(tokenizer, token: int) -> _Token:
+    """One token id alone as text and bytes (see _Token), decoded once per tokenizer."""
+    known = _TOKENS.get(tokenizer)
     if known is None:
+        known = _TOKENS.setdefault(tokenizer, {})
+    entry = known.get(token)
+    if entry is None:
         text = tokenizer.decode([token])
-        known = texts[token] = (text, list(text.encode("utf-8")))
-    return known
+        utf8 = list(text.encode("utf-8"))
+        entry = known[token] = _Token((text, utf8, '{"token":' + dumps(text) + ',"logprob":',
+                                       ',"bytes":' + dumps(utf8)))
+    return entry
+
+
+def dumps(value) -> str:
+    """JSON as a streamed chunk writes it: compact, non-ASCII as it is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # what json.dumps writes for these
+
+
+def json_number(value: float) -> str:
+    """A float as json.dumps writes it."""
+    text = float.__repr__(value)
+    return _WORDS.get(text, text)
+
+
+def _entry(token: _Token, logprob: float) -> dict:
+    return {"token": token.text, "logprob": logprob, "bytes": token.utf8}
 
 
 def parses(model) -> bool:
@@ -64,7 +96,8 @@ class Reply:
         self.finished = False
         self.call_ids: dict[int, str] = {}
         self.calls_ended = 0
-        self.logprobs: list[dict] = []
+        # per token with logprobs: (its _Token, its logprob, [(_Token, logprob) of the top ones])
+        self.logprob_rows: list[tuple] = []
         self.logprobs_sent = 0  # how many of them a stream has carried
         self.reasoning_tokens = 0
         usage.watch(request_id)
@@ -122,13 +155,23 @@ class Reply:
         batched_sampler.settle(spec, i + 1)
         if spec is None or not spec.logprobs or i >= len(spec.chosen_logprobs):
             return
-        entry = self._token_entry(self.tokens[i], spec.chosen_logprobs[i])
-        entry["top_logprobs"] = [self._token_entry(t, lp) for t, lp in (spec.top[i] if spec.top_logprobs else [])]
-        self.logprobs.append(entry)
+        top = [(token_text(self.tokenizer, t), lp) for t, lp in spec.top[i]] if spec.top_logprobs else []
+        self.logprob_rows.append((token_text(self.tokenizer, self.tokens[i]), spec.chosen_logprobs[i], top))
 
-    def _token_entry(self, token: int, logprob: float) -> dict:
-        text, utf8 = token_text(self.tokenizer, token)
-        return {"token": text, "logprob": logprob, "bytes": utf8}
+    @property
+    def logprobs(self) -> list[dict]:
+        """The OpenAI logprobs entries of the tokens so far (built anew on each call)."""
+        return [dict(_entry(token, lp), top_logprobs=[_entry(t, v) for t, v in top])
+                for token, lp, top in self.logprob_rows]
+
+    def logprobs_json(self, start: int, end: int) -> str:
+        """Entries [start, end) as the JSON array a streamed chunk carries: the very text
+        `dumps(self.logprobs[start:end])` writes, put together from each token's pieces."""
+        entries = []
+        for token, lp, top in self.logprob_rows[start:end]:
+            tops = ",".join(f"{t.head}{json_number(v)}{t.tail}}}" for t, v in top)
+            entries.append(f'{token.head}{json_number(lp)}{token.tail},"top_logprobs":[{tops}]}}')
+        return "[" + ",".join(entries) + "]"
 
     # -- OpenAI shapes ------------------------------------------------------------------
 
