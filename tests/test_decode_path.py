@@ -112,6 +112,18 @@ def test_switch_interval_is_set_only_by_the_knob(patched_engine, off):
     assert proc.returncode != 0 and "PB_SWITCH_INTERVAL=-1 is not a valid value" in proc.stderr
 
 
+def test_graph_max_q_leaves_only_steps_up_to_the_limit_to_graphs(patched_engine):
+    """0680: with PB_GRAPH_MAX_Q=N a step of more than N query tokens (after padding) runs eagerly;
+    unset, every step may replay a graph as upstream's do."""
+    code = ("from transformers._pb.runtime import graph_steps; "
+            "print([graph_steps.graphed(q) for q in (1, 32, 64, 65, 4096)])")
+    unset = engine_code(code, patched_engine)
+    limited = engine_code(code, patched_engine, PB_GRAPH_MAX_Q="64")
+    assert unset.returncode == 0 and limited.returncode == 0, (unset.stderr[-2000:], limited.stderr[-2000:])
+    assert unset.stdout.strip() == "[True, True, True, True, True]"
+    assert limited.stdout.strip() == "[True, True, True, False, False]"
+
+
 def test_plain_greedy_rows_of_a_greedy_batch_are_left_to_the_batch(patched_engine):
     """0100's hook: a temperature-0 request in a batch that is itself greedy already has the
     batch's argmax, so the hook leaves its row (no kernels, no wait for the logits: under
