@@ -209,6 +209,17 @@ def test_the_device_ab_job_passes_the_agent_flags_through():
 
 
 @pytest.mark.engine
+def test_graphs_captured_sum_each_arms_measured_passes_once():
+    def rec(arm, rep, mode, captured):
+        return {"arm": arm, "rep": rep, "concurrency": 8, "mode": mode, "graphs_captured": captured}
+
+    measured = [rec("A", 0, "greedy", 3), rec("A", 0, "greedy", 3),  # two requests of one pass
+                rec("A", 1, "greedy", 0), rec("A", 0, "logprobs", 2), rec("B", 0, "greedy", None),
+                rec("B", 1, "greedy", 4)]
+    assert agent_report.graphs_captured(measured, ["A", "B"]) == {"A": 5, "B": None}
+    assert agent_report.graphs_captured([], ["A"]) == {"A": None}
+
+
 def test_agent_workload_through_the_cli(server_on, tmp_path):
     """C1 and C2, two reps, every mode the 512-token tiny model can hold, tiny replies: every request
     succeeds and the window holds its records, summary, tables and plots."""
@@ -238,3 +249,9 @@ def test_agent_workload_through_the_cli(server_on, tmp_path):
                                                                 "tools-auto/free", "tools-required/free",
                                                                 "tools-required/tools-auto", "logprobs/free"}
     assert "| sampled/greedy | A |" in (window / "SUMMARY.md").read_text()
+    # the server's pb_cuda_graphs read around every pass: a CPU server captures none
+    arms = list(json.loads((window / "config.json").read_text())["arms"])
+    assert all(r["graphs_captured"] == 0 for r in raw)
+    assert summary["graphs_captured"] == dict.fromkeys(arms, 0)
+    assert ("CUDA graphs captured during the measured passes (each holds every stream for a step): "
+            + ", ".join(f"{a} 0" for a in arms)) in (window / "SUMMARY.md").read_text()

@@ -79,10 +79,22 @@ def summarize(records: list[dict], levels: list[int], modes: list[str], arms: li
         if "conversation" in modes:
             data["turns"] = {a: turns(cell["conversation", a]) for a in arms}
         out["levels"][str(level)] = data
+    out["graphs_captured"] = graphs_captured(measured, arms)
     out["errors"] = sum(1 for r in records if r.get("error"))
     out["requests"] = len(records)
     out["resamples"] = stats.RESAMPLES
     out["headline"] = headline(out, arms)
+    return out
+
+
+def graphs_captured(measured: list[dict], arms: list[str]) -> dict:
+    """Per arm, the CUDA graphs its server captured during the measured passes (None where the
+    server does not report them). Each capture held every stream of its pass for a step."""
+    passes = {(r["arm"], r["rep"], r["concurrency"], r["mode"]): r.get("graphs_captured") for r in measured}
+    out = {}
+    for arm in arms:
+        counts = [n for (a, *_), n in passes.items() if a == arm]
+        out[arm] = None if not counts or None in counts else sum(counts)
     return out
 
 
@@ -179,6 +191,9 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              "warmup rep(s); modes rotate one place a rep, the arm sent first alternates (`first` in raw.jsonl)",
              f"- requests: {summary['requests']} ({summary['errors']} failed)"
              + ("" if summary.get("complete", True) else "; **stopped early by the time limit**"),
+             *[f"- CUDA graphs captured during the measured passes (each holds every stream for a step): "
+               + ", ".join(f"{a} {'not reported' if n is None else n}" for a, n in captured.items())
+               for captured in [summary.get("graphs_captured")] if captured],
              f"- created {config['created']}"
              + (f"; client machine {mach.get('hostname')} ({mach.get('cpus')} CPUs"
                 + (f", {', '.join(mach['gpu'])}" if mach.get("gpu") else "") + f", Python {mach.get('python')})"

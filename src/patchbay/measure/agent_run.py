@@ -213,8 +213,28 @@ def run(plan: AgentPlan, sink, progress=None, switch=None) -> bool:
                     done[0] += 1
                     bar(done[0], total, label)
 
-            sink(run_pass(client, plan, rep, level, mode, arm, epoch, tick))
+            before = graphs_held(client, plan.url_of(arm))
+            records = run_pass(client, plan, rep, level, mode, arm, epoch, tick)
+            after = graphs_held(client, plan.url_of(arm))
+            for rec in records:  # a capture holds every stream for a step: a pass that had some is warm-up
+                rec["graphs_captured"] = None if None in (before, after) else after - before
+            sink(records)
     return True
+
+
+def graphs_held(client, url: str) -> int | None:
+    """The CUDA graphs the server's batching engine holds (`pb_cuda_graphs` in its /metrics); None
+    where it reports none (no PB_METRICS, or a build without the gauge)."""
+    try:
+        r = client.get(f"{url}/metrics", timeout=10)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    for line in r.text.splitlines():
+        if line.startswith("pb_cuda_graphs "):
+            return int(float(line.split()[1]))
+    return None
 
 
 def execute(plan: AgentPlan, server: dict, window=None, command: str = "", progress=None, switch=None,
