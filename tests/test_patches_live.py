@@ -242,3 +242,33 @@ def test_metrics_and_health_both_ways(server_on, server_off):
     assert httpx.get(f"{server_off.url}/metrics", timeout=30).status_code == 404
     off = httpx.get(f"{server_off.url}/health", timeout=30)
     assert off.status_code == 200 and off.content == b'{"status":"ok"}'
+
+
+# ---- 0690 PB_STREAM_INTERVAL --------------------------------------------------------------
+
+
+def test_stream_interval_writes_the_same_events_in_fewer_writes(server_on):
+    """With the knob at 10 s a 24-token reply goes out in at most four writes (the role event, the
+    first token's, the rest with the end, then [DONE]), so the client reads at most four body
+    pieces; the events are those of the same greedy reply streamed a write each (the per-request
+    id and time aside)."""
+    body = {"model": server_on.model, "messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True,
+            "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
+
+    def streamed(knob: int) -> tuple[list[dict], int]:
+        import json
+
+        with httpx.stream("POST", f"{server_on.url}/v1/chat/completions", timeout=120,
+                          json={**body, "pb_knobs": {"PB_STREAM_INTERVAL": knob}}) as r:
+            assert r.status_code == 200, r.read()
+            pieces = list(r.iter_raw())
+        text = b"".join(pieces).decode()
+        events = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: {")]
+        for event in events:
+            event.pop("id"), event.pop("created"), event.pop("pb_fingerprint", None)
+        assert text.endswith("data: [DONE]\n\n")
+        return events, len(pieces)
+
+    (plain, _), (kept, reads) = streamed(0), streamed(10_000)
+    assert kept == plain and len(plain) >= 26  # the role event, 24 tokens, the end (and usage)
+    assert reads <= 4, reads

@@ -10,8 +10,8 @@ import contextvars
 import json
 import time
 
-from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, shapes, thinking,
-               vllm_fields)
+from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, shapes,
+               stream_interval, thinking, vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
 from .reply import Reply, dumps as _dumps, parses
@@ -302,8 +302,7 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     async def events():
         chunk = _Chunks(request_id, model_id, created)
         try:
-            for j in range(n):
-                yield chunk({"role": "assistant", "content": ""}, index=j)
+            yield "".join(chunk({"role": "assistant", "content": ""}, index=j) for j in range(n))
             while not group.finished:
                 j, reply, taken = await group.next()
                 sent, have = reply.logprobs_sent, len(reply.logprob_rows)
@@ -329,7 +328,7 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
         finally:
             group.done()
 
-    return StreamingResponse(sse.finish(events()), media_type="text/event-stream")
+    return StreamingResponse(sse.finish(stream_interval.coalesce(events())), media_type="text/event-stream")
 
 
 class _Ids:
