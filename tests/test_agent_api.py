@@ -18,7 +18,7 @@ import pytest
 
 from patchbay import ROOT
 
-from .conftest import ALL_ON, Server
+from .conftest import ALL_ON, Server, engine_code
 
 pytestmark = pytest.mark.engine
 
@@ -286,6 +286,34 @@ def test_streamed_logprobs_chunks_are_json_dumps_bytes_and_the_unstreamed_entrie
     assert any(e["token"] != e["token"].encode("ascii", "ignore").decode() or '"' in e["token"] or "\\" in e["token"]
                for e in entries), entries  # something was escaped or not ASCII
     assert all(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in entries)
+
+
+TOKEN_PIECES = """
+import json, sys
+from transformers import AutoTokenizer
+from transformers._pb.api import reply
+from patchbay.runtime.synth import padded_tokenizer
+bad = []
+for tok in (AutoTokenizer.from_pretrained(sys.argv[1]), padded_tokenizer(151_552)):
+    for i in range(len(tok)):
+        t = reply.token_text(tok, i)
+        text = tok.decode([i])
+        utf8 = list(text.encode("utf-8"))
+        if (t.text, t.utf8, t.head + "-1.5" + t.tail + "}") != (text, utf8, json.dumps(
+                {"token": text, "logprob": -1.5, "bytes": utf8}, ensure_ascii=False, separators=(",", ":"))):
+            bad.append(i)
+print(json.dumps({"bad": bad[:10], "checked": len(tok)}))
+"""
+
+
+def test_every_token_entry_is_the_tokenizers_decode_in_json(patched_engine, tiny_model):
+    """reply.token_text decodes an id straight from the Rust tokenizer and writes its JSON pieces
+    by hand: for every id of the tiny model's tokenizer and of air12's padded one, the text is
+    tokenizer.decode([id]) and the pieces make json.dumps's entry."""
+    proc = engine_code(TOKEN_PIECES.replace("sys.argv[1]", repr(str(tiny_model))), patched_engine, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {"bad": [], "checked": 151_552}
 
 
 def agent_token_id(server, text: str) -> int:

@@ -39,11 +39,21 @@ def token_text(tokenizer, token: int) -> _Token:
         known = _TOKENS.setdefault(tokenizer, {})
     entry = known.get(token)
     if entry is None:
-        text = tokenizer.decode([token])
+        text = _decode_one(tokenizer, token)
         utf8 = list(text.encode("utf-8"))
         entry = known[token] = _Token((text, utf8, '{"token":' + dumps(text) + ',"logprob":',
-                                       ',"bytes":' + dumps(utf8)))
+                                       ',"bytes":[' + ",".join(map(str, utf8)) + "]"))
     return entry
+
+
+def _decode_one(tokenizer, token: int) -> str:
+    """tokenizer.decode([token]), straight from the Rust tokenizer where the wrapper would only
+    pass it through (no clean-up of spaces): a random model's top five are mostly ids not seen
+    before, and the wrapper's call was most of a new id's cost."""
+    rust = getattr(tokenizer, "_tokenizer", None)
+    if rust is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode([token])
+    return rust.decode([token], skip_special_tokens=False)
 
 
 def dumps(value) -> str:
