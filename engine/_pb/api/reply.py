@@ -65,8 +65,8 @@ _WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # what json.dum
 
 
 def json_number(value: float) -> str:
-    """A float as json.dumps writes it."""
-    text = float.__repr__(value)
+    """A number as json.dumps writes it as a float."""
+    text = repr(float(value))
     return _WORDS.get(text, text)
 
 
