@@ -3,13 +3,12 @@
 Each streamed token is one `data:` event, and each event one socket write from the event loop:
 about 3,000 writes a second under 32 streams on an H200. Every write lets go of the interpreter
 lock for the system call and must take it back from the batching loop's thread; in W27's
-profile the event loop's writes took a quarter of its samples, about 0.1 ms a write, most of it
-waiting for the lock. With the knob at N, a stream keeps the events of its later tokens and
-writes them together once N ms have passed since its last write. The first two writes go out
-at once (the role event, then the first token's), and whatever is kept when the reply ends goes
-out with its end. The
-stream's bytes are the same, in fewer writes: a token can reach the client up to one decode
-step late.
+profile the event loop's writes took a quarter of its samples, about 0.1 ms a write, which
+looks like waiting for the lock more than the system call. With the knob at N, a stream keeps
+the events of its later tokens and writes them together once N ms have passed since its last
+write. The first two writes go out at once (the role event, then the first token's), and
+whatever is kept when the reply ends goes out with its end. The stream's bytes are the same,
+in fewer writes: a token can reach the client up to one decode step late.
 """
 
 import time
