@@ -4,6 +4,7 @@
 knob unset (upstream behaviour). Per-request overrides go through `pb_knobs`.
 """
 
+import json
 from pathlib import Path
 
 import httpx
@@ -193,8 +194,6 @@ def test_fingerprints_identify_build_knobs_and_tokens(server_on, patched_engine)
     assert f"request={whole.headers['x-request-id']} tokens=" in server_on.files.log.read_text()
     assert f"fp={fp}" in server_on.files.log.read_text()  # the log records it with the request id
     streamed = sse_data(server_on, "/v1/chat/completions", {**body, "stream": True})
-    import json
-
     final = json.loads(streamed[-2])  # the last chunk before [DONE]
     assert final["choices"][0]["finish_reason"] and final["pb_fingerprint"] == fp  # same tokens, same hash
     other = httpx.post(f"{server_on.url}/v1/chat/completions", timeout=60,
@@ -256,8 +255,6 @@ def test_stream_interval_writes_the_same_events_in_fewer_writes(server_on):
             "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
 
     def streamed(knob: int) -> tuple[list[dict], int]:
-        import json
-
         with httpx.stream("POST", f"{server_on.url}/v1/chat/completions", timeout=120,
                           json={**body, "pb_knobs": {"PB_STREAM_INTERVAL": knob}}) as r:
             assert r.status_code == 200, r.read()

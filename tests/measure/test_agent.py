@@ -205,10 +205,6 @@ def test_the_device_ab_job_passes_the_agent_flags_through():
                                                                                    "max", 6)
 
 
-# ---- against the tiny model --------------------------------------------------------------------
-
-
-@pytest.mark.engine
 def test_graphs_captured_sum_each_arms_measured_passes_once():
     def rec(arm, rep, mode, captured):
         return {"arm": arm, "rep": rep, "concurrency": 8, "mode": mode, "graphs_captured": captured}
@@ -220,6 +216,10 @@ def test_graphs_captured_sum_each_arms_measured_passes_once():
     assert agent_report.graphs_captured([], ["A"]) == {"A": None}
 
 
+# ---- against the tiny model --------------------------------------------------------------------
+
+
+@pytest.mark.engine
 def test_agent_workload_through_the_cli(server_on, tmp_path):
     """C1 and C2, two reps, every mode the 512-token tiny model can hold, tiny replies: every request
     succeeds and the window holds its records, summary, tables and plots."""

@@ -5,6 +5,7 @@ request and answers it; each choice of a request has a Reply of its own."""
 import hashlib
 import json
 import weakref
+from typing import NamedTuple
 
 from .. import knobs
 from . import glm_parser, usage, vllm_fields
@@ -19,17 +20,15 @@ GLM_TYPES = ("glm4_moe", "glm4", "glm4_moe_lite")
 _TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-class _Token(tuple):
+class _Token(NamedTuple):
     """One token's logprobs entry, worked out once per tokenizer: its text, its UTF-8 bytes (a list:
     the JSON shape; callers must not change it), and the entry's JSON on either side of its
     number: `{"token":…,"logprob":` and `,"bytes":[…]`."""
 
-    __slots__ = ()
-
-    text = property(lambda self: self[0])
-    utf8 = property(lambda self: self[1])
-    head = property(lambda self: self[2])
-    tail = property(lambda self: self[3])
+    text: str
+    utf8: list
+    head: str
+    tail: str
 
 
 def token_text(tokenizer, token: int) -> _Token:
@@ -41,8 +40,8 @@ def token_text(tokenizer, token: int) -> _Token:
     if entry is None:
         text = _decode_one(tokenizer, token)
         utf8 = list(text.encode("utf-8"))
-        entry = known[token] = _Token((text, utf8, '{"token":' + dumps(text) + ',"logprob":',
-                                       ',"bytes":[' + ",".join(map(str, utf8)) + "]"))
+        entry = known[token] = _Token(text, utf8, '{"token":' + dumps(text) + ',"logprob":',
+                                      ',"bytes":[' + ",".join(map(str, utf8)) + "]")
     return entry
 
 
