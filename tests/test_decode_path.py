@@ -214,3 +214,17 @@ def test_a_compiled_server_warms_up_before_its_first_batch(patched_engine, tiny_
         assert len(rows) == 8 and all(r["equal"] for r in rows), rows
     finally:
         server.stop()
+
+
+def test_page_indices_write_upstreams_read_indices_every_step(patched_engine, tiny_model):
+    """0700: with PB_PAGE_INDICES=1 each step's read indices come from the requests' pages with a
+    few array operations, not a Python int per cached token; they must be upstream's, value for
+    value, in every step of a batch whose contexts span several 16-token pages and end mid-page
+    (prompts longer than a step's token budget, so some steps carry prompt chunks)."""
+    off = engine_job("page_indices_job.py", patched_engine, str(tiny_model), timeout=300)
+    on = engine_job("page_indices_job.py", patched_engine, str(tiny_model), timeout=300, PB_PAGE_INDICES="1")
+    assert max(off["prompt_tokens"]) > 64 and min(off["prompt_tokens"]) < 16
+    read = [sum(len(group) for group in step) for step in off["steps"]]
+    assert len(off["steps"]) > 40 and max(read) > 200  # steps that read several pages of several requests
+    assert on["steps"] == off["steps"]
+    assert on["replies"] == off["replies"]
