@@ -124,6 +124,54 @@ def test_graph_max_q_leaves_only_steps_up_to_the_limit_to_graphs(patched_engine)
     assert limited.stdout.strip() == "[True, True, True, False, False]"
 
 
+
+GRAPH_AFTER_CODE = """
+from types import SimpleNamespace
+from transformers._pb.runtime import graph_after
+from transformers.generation.continuous_batching.utils import CudaGraphBuffer
+
+
+class Graph:  # what CudaGraphBuffer keeps and resets; the decision reads only whether one is kept
+    def reset(self):
+        pass
+
+
+def device_io(key):
+    io = SimpleNamespace(graphs=CudaGraphBuffer(), key=key)
+    io._get_graph_key = lambda: io.key
+    return io
+
+
+io = device_io((32, 4096, 640))
+seen = []
+for step in range(3):
+    due = graph_after.graphed(io)
+    seen.append(due)
+    if due:
+        io.graphs.set_graph(io.key, Graph())  # what the runner does when it captures
+seen.append(graph_after.graphed(io))  # the shape now has its graph: replayed
+io.key = (33, 4096, 640)  # a new shape starts its own count
+seen.append(graph_after.graphed(io))
+pairs = SimpleNamespace(io_pairs=[SimpleNamespace(device_io=device_io((1,))), SimpleNamespace(device_io=device_io((1,)))],
+                        current_pair=1)
+seen.append(graph_after.graphed(pairs))
+seen.append(len(pairs.io_pairs[0].device_io.__dict__.get("_pb_graph_sightings", {})))
+seen.append(len(pairs.io_pairs[1].device_io.__dict__.get("_pb_graph_sightings", {})))
+print(seen)
+"""
+
+
+def test_graph_after_captures_a_shape_the_time_it_comes_back(patched_engine):
+    """0710: with PB_GRAPH_AFTER=N a step shape without a graph runs eagerly its first N times and
+    is captured the time after; once it has its graph it replays; each IO pair counts its own
+    shapes. Unset, every step may capture at once, as upstream's."""
+    unset = engine_code(GRAPH_AFTER_CODE, patched_engine)
+    after = engine_code(GRAPH_AFTER_CODE, patched_engine, PB_GRAPH_AFTER="2")
+    assert unset.returncode == 0 and after.returncode == 0, (unset.stderr[-2000:], after.stderr[-2000:])
+    assert unset.stdout.strip() == "[True, True, True, True, True, True, 0, 0]"
+    # eager, eager, captured; replayed; a new shape eager; the second pair's shape eager, counted there
+    assert after.stdout.strip() == "[False, False, True, True, False, False, 0, 1]"
+
 def test_plain_greedy_rows_of_a_greedy_batch_are_left_to_the_batch(patched_engine):
     """0100's hook: a temperature-0 request in a batch that is itself greedy already has the
     batch's argmax, so the hook leaves its row (no kernels, no wait for the logits: under
