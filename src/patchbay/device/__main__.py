@@ -128,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
     w.add_argument("--patched-only", action="store_true",
                    help="leave upstream's engine out (the tree and both engines pass the 64 MiB a call carries)")
+    w.add_argument("--no-tests", action="store_true",
+                   help="leave pytest and its dependencies out (1.7 MiB) when no GPU test runs there")
     for name, (_, help) in OWN_FLAGS.items():
         sub.add_parser(name, help=help, add_help=False)  # parsed by its own module (main)
     return p
@@ -139,15 +141,17 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.verb == "wheels":
         from ..series import build, series
-        from .gpu import gather_wheels
+        from .gpu import carry_report, gather_wheels
 
         loaded, problems = series.load()
         if problems:
             print("\n".join(map(str, problems)), file=sys.stderr)
             return 1
         engines = ([] if args.patched_only else [build.build(None).wheel]) + [build.build(loaded).wheel]
-        for wheel in gather_wheels(Path(args.dest), engines):
+        wheels = gather_wheels(Path(args.dest), engines, tests=not args.no_tests)
+        for wheel in wheels:
             print(wheel.name)
+        print(carry_report(ROOT, wheels), file=sys.stderr)
         return 0
     if args.verb == "ab":
         from ..measure.verbs import run

@@ -17,6 +17,8 @@ from .servers import AIR12, engine_path, start_serving, with_server, with_server
 
 # What the device image lacks for `transformers serve` (its torch, numpy, tokenizers, safetensors,
 # huggingface_hub, httpx and typer do), pinned like pyproject.toml's engine extra.
+# The GPU-marked kernel tests (tests/test_kernels_gpu.py) need these; `wheels --no-tests` leaves them out.
+TEST_ONLY = ["pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1", "pygments==2.21.0"]
 CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic==2.14.4",
            "pydantic_core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
            "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1", "opentelemetry-api==1.45.2",
@@ -24,21 +26,28 @@ CARRIED = ["fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "pydantic
            # structured output (0130); the device's own triton serves xgrammar
            "xgrammar==0.2.9", "apache-tvm-ffi==0.1.15.post2",
            # /metrics (0580); pure Python
-           "prometheus_client==0.26.0",
-           # the GPU-marked kernel tests (tests/test_kernels_gpu.py)
-           "pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1", "pygments==2.21.0"]
+           "prometheus_client==0.26.0", *TEST_ONLY]
+# What one device call carries at most: the tree git sees plus the carried paths. Its own count
+# came out a little above this one's (it refused 63.4 MiB counted here), so leave a margin.
+CARRY_LIMIT, CARRY_MARGIN = 64 * 2**20, 2 * 2**20
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 
 
-def gather_wheels(dest: Path, engine_wheels: list[Path]) -> list[Path]:
-    """Download the carried packages as cp312 wheels for x86-64 and copy the engine wheels."""
+def gather_wheels(dest: Path, engine_wheels: list[Path], tests: bool = True) -> list[Path]:
+    """Download the carried packages as cp312 wheels for x86-64 and copy the engine wheels;
+    without `tests`, pytest and its own dependencies stay out (and any left from before go)."""
     dest.mkdir(parents=True, exist_ok=True)
+    carried = CARRIED if tests else [c for c in CARRIED if c not in TEST_ONLY]
+    if not tests:
+        for spec in TEST_ONLY:
+            for stale in dest.glob(spec.split("==")[0].replace("-", "_") + "-*.whl"):
+                stale.unlink()
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", "3.12", "--implementation", "cp", "-d", str(dest)]
     for platform in PLATFORMS:
         cmd += ["--platform", platform]
-    proc = subprocess.run(cmd + CARRIED, capture_output=True, text=True)
+    proc = subprocess.run(cmd + carried, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"pip download failed: {proc.stderr.strip().splitlines()[-1:]}")
     for stale in dest.glob("transformers-*.whl"):
@@ -46,6 +55,24 @@ def gather_wheels(dest: Path, engine_wheels: list[Path]) -> list[Path]:
     for wheel in engine_wheels:
         (dest / wheel.name).write_bytes(wheel.read_bytes())
     return sorted(dest.glob("*.whl"))
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of the files a device call copies from `root`: tracked ones and untracked ones
+    that git does not ignore."""
+    names = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / os.fsdecode(n)).stat().st_size for n in names if n and (root / os.fsdecode(n)).is_file())
+
+
+def carry_report(root: Path, carried: list[Path]) -> str:
+    """One line: what a call carrying `carried` from `root` weighs against the device's limit."""
+    mib = 2**20
+    tree, extra = tree_bytes(root), sum(p.stat().st_size for p in carried)
+    verdict = ("fits" if tree + extra <= CARRY_LIMIT - CARRY_MARGIN
+               else "too close to the limit or over it: leave something out (--no-tests)")
+    return (f"carry: tree {tree / mib:.1f} MiB + wheels {extra / mib:.1f} MiB = {(tree + extra) / mib:.1f} MiB "
+            f"of {CARRY_LIMIT / mib:.0f}: {verdict}")
 
 
 

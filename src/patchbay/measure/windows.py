@@ -8,6 +8,7 @@ overwritten; the index is generated from them, so it is always rebuilt, never ed
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -108,8 +109,16 @@ def append_raw(window: Path, records: list[dict]) -> None:
 
 
 def read_raw(window: Path) -> list[dict]:
-    path = window / "raw.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """A window's records: raw.jsonl, or raw.jsonl.gz where a committed window keeps a large one
+    compressed (so the tree stays small enough to carry to the device); [] where it has neither."""
+    path, packed = window / "raw.jsonl", window / "raw.jsonl.gz"
+    if path.is_file():
+        text = path.read_text()
+    elif packed.is_file():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def write_summary(window: Path, summary: dict, render) -> None:

@@ -3,7 +3,7 @@ captures its arm's server (rank 0) logged meanwhile.
 
     python -m patchbay.measure.tools.stalls PART [--out PART/stalls.md]
 
-PART holds raw.jsonl and config.json (a results window, from `gpu.py ab`), epoch.txt (client.py
+PART holds raw.jsonl (or raw.jsonl.gz) and config.json (a results window, from `gpu.py ab`), epoch.txt (client.py
 epoch: bench.run's clock at its start) and events/ (stall_hook.py's ev-PID-rRANK.tsv, one per
 process). Each server's rank-0 file is matched to an arm by the port in its start line: arm A's is
 config.json's url, arm B's its b_server url. Replaces W15's compile-stalls-tp2-api/stalls.py.
@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from patchbay.measure.tools import record
+from patchbay.measure.windows import read_raw
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def table(rows: list[dict], epoch: float, events: dict[str, list[Event]], lead: 
 
 
 def render(part: Path) -> str:
-    rows = [json.loads(line) for line in (part / "raw.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_raw(part)
     epoch = read_epoch((part / "epoch.txt").read_text())
     ports = arm_ports(json.loads((part / "config.json").read_text()))
     return table(rows, epoch, server_events(part / "events", ports))
