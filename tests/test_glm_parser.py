@@ -274,3 +274,18 @@ def test_a_value_streams_up_to_the_tag_that_decides(glm):
     assert "".join(e[2] for e in events if e[0] == "args") == '{"city": "Oslo'  # the pad may end it
     events = padded.feed("now</arg_value>")
     assert "".join(e[2] for e in events if e[0] == "args") == " now"
+
+
+def test_partial_tail_is_the_longest_tag_start_at_the_end(patched_engine):
+    """The held-back tail (what could still become a tag) is, for every tag set the parser uses,
+    the longest n such that the text's last n characters start some tag and are not all of it."""
+    gp = engine_module(patched_engine, "api.glm_parser")
+    rnd = random.Random(5)
+    sets = [gp.TAGS, gp.AFTER_VALUE, gp.AFTER_OPEN_VALUE, (gp.END_VALUE, gp.END_CALL, *gp.ENDS)]
+    pieces = [t[:n] for t in gp.TAGS for n in range(len(t) + 1)] + ["x", " ", "\n", "<", "|", "a<"]
+    for _ in range(3000):
+        tags = rnd.choice(sets)
+        buf = "".join(rnd.choice(pieces) for _ in range(rnd.randrange(1, 4)))
+        expected = max([n for t in tags for n in range(1, min(len(t), len(buf) + 1)) if buf.endswith(t[:n])],
+                       default=0)
+        assert gp._partial_tail(buf, tags) == expected, (buf, tags)

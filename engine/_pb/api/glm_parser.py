@@ -348,15 +348,22 @@ def _find_first(buf: str, tags) -> tuple[int, str | None]:
     return (best, found) if found else (-1, None)
 
 
+_PREFIXES: dict = {}  # tags -> (every proper prefix of a tag, the longest one's length)
+
+
 def _partial_tail(buf: str, tags) -> int:
-    """How many trailing characters could be the start of one of `tags`."""
-    longest = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(buf)), longest, -1):
-            if tag.startswith(buf[-n:]):
-                longest = n
-                break
-    return longest
+    """How many trailing characters could be the start of one of `tags`: the longest n for which
+    buf's last n characters are a proper prefix of a tag (called for every piece of text, so the
+    prefixes are worked out once per tag set)."""
+    known = _PREFIXES.get(tags)
+    if known is None:
+        prefixes = {tag[:n] for tag in tags for n in range(1, len(tag))}
+        known = _PREFIXES[tags] = (prefixes, max(map(len, prefixes), default=0))
+    prefixes, longest = known
+    for n in range(min(longest, len(buf)), 0, -1):
+        if buf[-n:] in prefixes:
+            return n
+    return 0
 
 
 def parse(text: str, tools=None, in_reasoning: bool = False, truncated: bool = False, padded: bool = False) -> dict:
