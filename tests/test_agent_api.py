@@ -606,3 +606,123 @@ def test_score_through_a_server_without_forced_decoding_says_so(server_on):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "PB_FORCED_DECODING=1" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---- 0720 PB_REPLY_PROCESS ------------------------------------------------------------------
+
+
+def offloaded_events(server, body: dict, knob: int) -> list:
+    """A streamed chat reply's events with PB_REPLY_PROCESS at `knob` for the request (the
+    per-request id and time taken out, tool call ids as whether they have their shape);
+    `[DONE]` as its text."""
+    knobs = {**body.get("pb_knobs", {}), "PB_REPLY_PROCESS": knob}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=300,
+                      json={"model": server.model, **body, "stream": True, "pb_knobs": knobs}) as r:
+        assert r.status_code == 200, r.read()
+        text = r.read().decode()
+    events = []
+    for line in text.split("\n"):
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            event.pop("id", None), event.pop("created", None)
+            for choice in event.get("choices", []):
+                for call in choice.get("delta", {}).get("tool_calls") or []:
+                    if "id" in call:  # a hash of the request's id
+                        call["id"] = call["id"].startswith("call_")
+            events.append(event)
+        elif line.startswith("data: "):
+            events.append(line[6:])
+    return events
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 6}},
+          "required": ["a", "b"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": USER, "tools": [WEATHER], "logprobs": True, "top_logprobs": 3,
+     "stream_options": {"include_usage": True}, **forced()},
+    {"messages": USER, "max_tokens": 24, "temperature": 0.8, "top_p": 0.95, "seed": 7, "logprobs": True,
+     "top_logprobs": 5, "ignore_eos": True},
+    {"messages": USER, "stop": ["check"], **forced()},
+    {"messages": USER, "max_tokens": 40, "temperature": 0,
+     "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}},
+], ids=["forced-call-logprobs-usage", "seeded-top5", "stop-string", "json-schema"])
+def test_reply_process_streams_the_same_events(agent, body):
+    """The reply process renders what the server renders: every event the same, the fingerprint
+    stamped on the last (the request's id and time aside)."""
+    inside, offloaded = offloaded_events(agent, body, 0), offloaded_events(agent, body, 1)
+    assert offloaded == inside
+    assert inside[-1] == "[DONE]" and len(inside) >= 4
+    assert any("pb_fingerprint" in e for e in inside if isinstance(e, dict))
+
+
+def test_reply_process_streams_beside_each_other_as_alone(agent):
+    """Eight offloaded seeded streams at once: each the tokens of that request alone with the knob
+    off, event for event (on a CPU a batched row's logits may differ in their last bits, so the
+    logprobs are compared to 1e-4)."""
+    bodies = [{"messages": [{"role": "user", "content": f"Stream {i}: name a sorting algorithm."}],
+               "max_tokens": 16, "temperature": 0.9, "seed": 100 + i, "logprobs": True, "top_logprobs": 2,
+               "ignore_eos": True} for i in range(8)]
+
+    def tokens_of(events):
+        out = []
+        for e in events[:-1]:
+            choice = (e["choices"] or [{}])[0]
+            entries = (choice.get("logprobs") or {}).get("content") or []
+            out.append((choice.get("delta"), e.get("pb_fingerprint"),
+                        [(x["token"], [t["token"] for t in x["top_logprobs"]]) for x in entries],
+                        [x["logprob"] for x in entries]))
+        return out
+
+    alone = [tokens_of(offloaded_events(agent, b, 0)) for b in bodies]
+    with ThreadPoolExecutor(8) as pool:
+        together = [tokens_of(e) for e in pool.map(lambda b: offloaded_events(agent, b, 1), bodies)]
+    assert len({str(a) for a in alone}) == 8  # eight different replies
+    for mine, theirs in zip(together, alone):
+        assert [m[:3] for m in mine] == [t[:3] for t in theirs]
+        assert all(abs(a - b) < 1e-4 for m, t in zip(mine, theirs) for a, b in zip(m[3], t[3]))
+
+
+def reply_processes(server) -> list[int]:
+    """The pids of the server's reply processes (its children running 0720's module)."""
+    from pathlib import Path
+
+    server_pid = server.files.pids()[0]
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"_pb.api.reply_process" in cmdline and ppid == server_pid:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_reply_process_that_dies_ends_its_streams_not_the_server(agent):
+    """Killed mid-stream, the reply process takes its stream down with an error event; the server
+    keeps serving, and the next offloaded stream starts a new one."""
+    import os
+    import signal
+
+    offloaded_events(agent, {"messages": USER, "max_tokens": 2}, 1)  # one is running now
+    (pid,) = reply_processes(agent)
+    body = {"model": agent.model, "messages": USER, "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "pb_knobs": {"PB_REPLY_PROCESS": 1}}
+    with httpx.stream("POST", f"{agent.url}/v1/chat/completions", json=body, timeout=300) as r:
+        lines = r.iter_lines()
+        seen = [next(lines) for _ in range(6)]  # the role event and a few tokens' (and blank lines)
+        os.kill(pid, signal.SIGKILL)
+        rest = list(lines)
+    events = [line[6:] for line in seen + rest if line.startswith("data: ")]
+    errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+    assert errors and "reply process ended" in errors[0], events[-3:]
+    assert len(events) < 400  # it stopped there, not after the whole reply
+    # The server still answers, in-process and offloaded (a new reply process).
+    assert offloaded_events(agent, {"messages": USER, "max_tokens": 3}, 0)[-1] == "[DONE]"
+    assert offloaded_events(agent, {"messages": USER, "max_tokens": 3}, 1)[-1] == "[DONE]"
+    assert reply_processes(agent) and pid not in reply_processes(agent)

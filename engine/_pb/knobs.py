@@ -183,3 +183,13 @@ def take_request_overrides(body: dict) -> None:
         except KnobError as e:
             raise PBRequestError(400, str(e), code="invalid_knob", param="pb_knobs") from None
     _request_overrides.set(overrides)
+
+
+def request_overrides() -> dict | None:
+    """The current request's overrides (None: none), to hand to another process (0720)."""
+    return _request_overrides.get()
+
+
+def use_request_overrides(overrides: dict | None) -> None:
+    """Make `overrides` the current context's request overrides (0720's reply process)."""
+    _request_overrides.set(overrides)

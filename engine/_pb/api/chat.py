@@ -10,8 +10,8 @@ import contextvars
 import json
 import time
 
-from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, shapes,
-               stream_interval, thinking, vllm_fields)
+from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, reply_process,
+               shapes, stream_interval, thinking, vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
 from .reply import Reply, dumps as _dumps, parses
@@ -267,15 +267,22 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
         raise _bad("n > 1 cannot be combined with a grammar (response_format, guided fields, an enforced "
                    "tool_choice) or a forced reply (allowed: n=1 with those)", "n", "unsupported_combination")
     stops = stop_strings(body)
+    created = int(time.time())
+    where = shapes.usage_in_stream(body)
+    offload = None
+    if body.get("stream") and n == 1 and reply_process.on():  # 0720: the per-token work in a process of its own
+        offload = await reply_process.open_stream(request_id, tokenizer, spec, reply_process.Opening(
+            input_ids, body.get("tools"), parses(model), padded, stops, eos, gen_config.max_new_tokens,
+            model_id, created, where))
     group = choices.Choices(
         gen_manager._cb, request_id, n, spec,
         lambda rid, s: Reply(rid, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,
                              spec=s, stops=stops, eos=eos, padded=padded),
-        input_ids, gen_config.max_new_tokens, (eos or -1) if vllm_fields.on() else eos)
+        input_ids, gen_config.max_new_tokens, (eos or -1) if vllm_fields.on() else eos,
+        handler=None if offload is None else offload.take)
     for s in group.specs[1:]:  # each choice thinks on its own budget
         if s is not None and isinstance(s.mask, thinking.Budget):
             s.mask = s.mask.fresh()
-    created = int(time.time())
 
     if not body.get("stream"):
         try:
@@ -297,7 +304,9 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
             group.done()
         return JSONResponse(fingerprint.stamp(result, group.tokens(), request_id))
 
-    where = shapes.usage_in_stream(body)
+    if offload is not None:
+        events = offload.events(group, _Chunks(request_id, model_id, created), _Ids)
+        return StreamingResponse(sse.finish(stream_interval.coalesce(events)), media_type="text/event-stream")
 
     async def events():
         chunk = _Chunks(request_id, model_id, created)
@@ -305,30 +314,47 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
             yield "".join(chunk({"role": "assistant", "content": ""}, index=j) for j in range(n))
             while not group.finished:
                 j, reply, taken = await group.next()
-                sent, have = reply.logprobs_sent, len(reply.logprob_rows)
-                fresh = reply.logprobs_json(sent, have) if have > sent else None
-                reply.logprobs_sent = have
-                deltas = reply.deltas(taken)
-                if fresh and not deltas:
-                    deltas = [{}]
-                parts = [chunk(d, logprobs=fresh if i == 0 else None, index=j) for i, d in enumerate(deltas)]
-                if reply.error is not None:
-                    parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
-                    yield "".join(parts)
+                text, failed = stream_step(chunk, reply, taken, j)
+                if failed:
+                    yield text
                     return
-                if parts:
-                    yield "".join(parts)
+                if text:
+                    yield text
                 if reply.finished and not group.finished:
                     yield chunk({}, reply.finish_reason(), index=j)
-            final = chunk({}, reply.finish_reason(), group.usage() if where == "finish" else None, index=j)
-            if where == "last":
-                yield final
-                final = chunk(None, usage=group.usage())
+            text, final = stream_end(chunk, reply, j, group.usage(), where)
+            if text:
+                yield text
             yield fingerprint.stamp_sse(final, _Ids(group.tokens()), request_id)
         finally:
             group.done()
 
     return StreamingResponse(sse.finish(stream_interval.coalesce(events())), media_type="text/event-stream")
+
+
+def stream_step(chunk: _Chunks, reply: Reply, taken: list, j: int) -> tuple[str, bool]:
+    """The events of one output of a streamed choice j, as one text, and whether the reply failed
+    (its error event is then the text's last)."""
+    sent, have = reply.logprobs_sent, len(reply.logprob_rows)
+    fresh = reply.logprobs_json(sent, have) if have > sent else None
+    reply.logprobs_sent = have
+    deltas = reply.deltas(taken)
+    if fresh and not deltas:
+        deltas = [{}]
+    parts = [chunk(d, logprobs=fresh if i == 0 else None, index=j) for i, d in enumerate(deltas)]
+    if reply.error is not None:
+        parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
+        return "".join(parts), True
+    return "".join(parts), False
+
+
+def stream_end(chunk: _Chunks, reply: Reply, j: int, usage: dict, where: str) -> tuple[str, str]:
+    """A finished stream's end, given the last choice to finish: the events before the last, and
+    the last (where the fingerprint goes)."""
+    final = chunk({}, reply.finish_reason(), usage if where == "finish" else None, index=j)
+    if where == "last":
+        return final, chunk(None, usage=usage)
+    return "", final
 
 
 class _Ids:

@@ -32,8 +32,11 @@ def derive(spec, j: int):
 
 
 class Choices:
-    def __init__(self, cb, request_id: str, n: int, spec, make_reply, input_ids, max_new_tokens, eos):
+    def __init__(self, cb, request_id: str, n: int, spec, make_reply, input_ids, max_new_tokens, eos,
+                 handler=None):
+        """`handler` takes the outputs instead of `next` (0720's reply process; one choice)."""
         self.cb, self.input_ids, self.max_new_tokens, self.eos = cb, input_ids, max_new_tokens, eos
+        self.handler = handler
         self.ids = [request_id] + [f"{request_id}.{j}" for j in range(1, n)]
         self.specs = [derive(spec, j) for j in range(n)]
         self.replies = [make_reply(rid, s) for rid, s in zip(self.ids, self.specs)]
@@ -47,7 +50,7 @@ class Choices:
             rid, spec = self.ids[j], self.specs[j]
             if spec is not None:
                 sampler.register(rid, spec)
-            self.cb.register_result_handler(rid, self.queue.put_nowait)
+            self.cb.register_result_handler(rid, self.handler or self.queue.put_nowait)
             self.cb.add_request(self.input_ids, request_id=rid, streaming=True, max_new_tokens=self.max_new_tokens,
                                 eos_token_id=self.eos)
         self.submitted = max(self.submitted, upto)

@@ -110,6 +110,16 @@ def get(key: str, default=None):
     return default if not taken else taken.get(key, default)
 
 
+def taken() -> dict | None:
+    """The current request's honoured fields, to hand to another process (0720)."""
+    return _taken.get()
+
+
+def use_taken(fields: dict | None) -> None:
+    """Make `fields` the current context's honoured fields (0720's reply process)."""
+    _taken.set(fields)
+
+
 def eos_ids(eos) -> list[int]:
     """The ids that end a reply: the model's end-of-turn ids (none with ignore_eos), then
     `stop_token_ids`."""
