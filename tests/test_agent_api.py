@@ -726,3 +726,28 @@ def test_a_reply_process_that_dies_ends_its_streams_not_the_server(agent):
     assert offloaded_events(agent, {"messages": USER, "max_tokens": 3}, 0)[-1] == "[DONE]"
     assert offloaded_events(agent, {"messages": USER, "max_tokens": 3}, 1)[-1] == "[DONE]"
     assert reply_processes(agent) and pid not in reply_processes(agent)
+
+
+def test_after_three_ended_reply_processes_the_server_renders_streams_itself(patched_engine, tiny_model, tmp_path):
+    """A reply process that keeps ending costs its streams, not every stream after it: after the
+    third, the server renders streams itself (the same events) and starts no other."""
+    import os
+    import signal
+    import time
+
+    server = Server(patched_engine, tiny_model, ALL_ON, tmp_path / "run")
+    try:
+        body = {"messages": USER, "max_tokens": 3}
+        for ended in range(1, 4):
+            assert offloaded_events(server, body, 1)[-1] == "[DONE]"
+            (pid,) = reply_processes(server)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while server.files.log.read_text().count("reply process ended") < ended:
+                assert time.monotonic() < deadline, "the server did not notice the reply process end"
+                time.sleep(0.2)
+        assert "rendered in the server from now on" in server.files.log.read_text()
+        assert offloaded_events(server, body, 1) == offloaded_events(server, body, 0)
+        assert reply_processes(server) == []
+    finally:
+        server.stop()

@@ -15,7 +15,8 @@ are the same. The server keeps what belongs to it: the token ids, the request's 
 fingerprint (stamped and logged as before) and the prefix-cache count its usage reports.
 
 If the reply process ends, each of its open streams ends with an error event and the next
-request starts a new one.
+request starts a new one; after MAX_DEATHS ends, or where it cannot start or cannot take the
+request's tokenizer, streams are rendered in the server as with the knob off (logged once).
 """
 
 import asyncio
@@ -39,8 +40,10 @@ from . import fingerprint, usage, vllm_fields
 logger = logging.get_logger(__name__)
 
 _HEADER = struct.Struct("!I")  # each message: its pickle's length, then the pickle
+MAX_DEATHS = 3  # reply processes that may end before the server renders its streams itself
 _helper: "Helper | None" = None
 _starting: "asyncio.Lock | None" = None
+_deaths = 0
 
 
 def on() -> bool:
@@ -71,16 +74,24 @@ def _error_event(message: str) -> str:
     return f"data: {json.dumps({'error': message})}\n\n"
 
 
-async def open_stream(request_id: str, tokenizer, spec, opening: Opening) -> "Stream":
-    """A stream rendered by the reply process (started here the first time); its `take` is the
-    request's result handler."""
-    global _helper, _starting
+async def open_stream(request_id: str, tokenizer, spec, opening: Opening) -> "Stream | None":
+    """A stream rendered by the reply process (started here the first time), whose `take` is the
+    request's result handler; None where the server must render it itself."""
+    global _helper, _starting, _deaths
+    if _deaths >= MAX_DEATHS:
+        return None
     if _starting is None:
         _starting = asyncio.Lock()
     async with _starting:
         if _helper is None or _helper.dead:
             _helper = Helper()
-            await _helper.start()
+            try:
+                await _helper.start()
+            except Exception as e:  # the interpreter cannot be started here, say
+                _deaths = MAX_DEATHS
+                logger.error(f"patchbay: the reply process did not start ({type(e).__name__}: {e}); streams are "
+                             f"rendered in the server from now on")
+                return None
     return _helper.open(request_id, tokenizer, spec, opening)
 
 
@@ -89,7 +100,8 @@ class Helper:
 
     def __init__(self):
         self.streams: dict[str, Stream] = {}
-        self.tokenizers: dict[int, object] = {}  # id -> tokenizer sent (held, so an id is never reused)
+        # id -> (tokenizer, whether it was sent): held, so that an id is never another's
+        self.tokenizers: dict[int, tuple] = {}
         self.pending: list = []  # (stream, output) taken since the last flush
         self.flushing = False
         self.dead = False
@@ -111,11 +123,21 @@ class Helper:
         if not self.dead:
             self.writer.write(_frame(message))
 
-    def open(self, request_id: str, tokenizer, spec, opening: Opening) -> "Stream":
+    def open(self, request_id: str, tokenizer, spec, opening: Opening) -> "Stream | None":
         key = id(tokenizer)
         if key not in self.tokenizers:
-            self.tokenizers[key] = tokenizer
-            self._send(("tokenizer", key, tokenizer))
+            try:
+                message = _frame(("tokenizer", key, tokenizer))
+            except Exception as e:  # a tokenizer that does not pickle
+                logger.warning(f"patchbay: the reply process cannot take this tokenizer ({type(e).__name__}: "
+                               f"{e}); its streams are rendered in the server")
+                self.tokenizers[key] = (tokenizer, False)
+            else:
+                self.tokenizers[key] = (tokenizer, True)
+                if not self.dead:
+                    self.writer.write(message)
+        if not self.tokenizers[key][1]:
+            return None
         logprobs = (bool(spec.logprobs), spec.top_logprobs) if spec is not None else (False, 0)
         self._send(("open", request_id, key, opening, logprobs, knobs.request_overrides(), vllm_fields.taken()))
         stream = self.streams[request_id] = Stream(self, request_id, spec)
@@ -149,8 +171,12 @@ class Helper:
             raise
 
     def _died(self, why: str) -> None:
+        global _deaths
         self.dead = True
-        logger.error(f"patchbay: {why}; its {len(self.streams)} open stream(s) end with an error")
+        _deaths += 1
+        then = ("the next stream starts another" if _deaths < MAX_DEATHS else
+                f"that is {_deaths} ended; streams are rendered in the server from now on")
+        logger.error(f"patchbay: {why}; its {len(self.streams)} open stream(s) end with an error; {then}")
         for stream in list(self.streams.values()):
             stream.queue.put_nowait((_error_event(why), None, 0, True))
         self.streams.clear()
