@@ -161,7 +161,8 @@ class Helper:
             while True:
                 head = await self.reader.readexactly(_HEADER.size)
                 for rendered in pickle.loads(await self.reader.readexactly(_HEADER.unpack(head)[0])):
-                    stream = self.streams.get(rendered[0])
+                    # A finished stream is the reply process's no more; its events wait in its queue.
+                    stream = self.streams.pop(rendered[0], None) if rendered[4] else self.streams.get(rendered[0])
                     if stream is not None:
                         stream.queue.put_nowait(rendered[1:])
         except (asyncio.IncompleteReadError, OSError) as e:
