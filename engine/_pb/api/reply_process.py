@@ -14,6 +14,10 @@ events are rendered by the same code as with the knob off (`chat.stream_step`, `
 are the same. The server keeps what belongs to it: the token ids, the request's cleanup, the
 fingerprint (stamped and logged as before) and the prefix-cache count its usage reports.
 
+Messages are JSON (a length, then the text), never pickles: no process of the server unpickles
+what another sends (tests/test_tp.py guards it). The tokenizer goes over as the files its
+save_pretrained writes, in a temporary folder the reply process loads and removes.
+
 If the reply process ends, each of its open streams ends with an error event and the next
 request starts a new one; after MAX_DEATHS ends, or where it cannot start or cannot take the
 request's tokenizer, streams are rendered in the server as with the knob off (logged once).
@@ -23,11 +27,12 @@ import asyncio
 import contextvars
 import json
 import os
-import pickle
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import NamedTuple
 
@@ -39,7 +44,7 @@ from . import fingerprint, usage, vllm_fields
 
 logger = logging.get_logger(__name__)
 
-_HEADER = struct.Struct("!I")  # each message: its pickle's length, then the pickle
+_HEADER = struct.Struct("!I")  # each message: its JSON's length in bytes, then the JSON
 MAX_DEATHS = 3  # reply processes that may end before the server renders its streams itself
 _helper: "Helper | None" = None
 _starting: "asyncio.Lock | None" = None
@@ -66,7 +71,7 @@ class Opening(NamedTuple):
 
 
 def _frame(message) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = json.dumps(message, separators=(",", ":")).encode()
     return _HEADER.pack(len(data)) + data
 
 
@@ -92,6 +97,8 @@ async def open_stream(request_id: str, tokenizer, spec, opening: Opening) -> "St
                 logger.error(f"patchbay: the reply process did not start ({type(e).__name__}: {e}); streams are "
                              f"rendered in the server from now on")
                 return None
+        if id(tokenizer) not in _helper.tokenizers:
+            await _helper.send_tokenizer(tokenizer)
     return _helper.open(request_id, tokenizer, spec, opening)
 
 
@@ -123,19 +130,23 @@ class Helper:
         if not self.dead:
             self.writer.write(_frame(message))
 
+    async def send_tokenizer(self, tokenizer) -> None:
+        """The tokenizer's files to the reply process (written off the event loop), once."""
+        key = id(tokenizer)
+        folder = tempfile.mkdtemp(prefix="pb-reply-tokenizer-")
+        try:
+            await asyncio.to_thread(tokenizer.save_pretrained, folder)
+        except Exception as e:  # a tokenizer that cannot be written out
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.warning(f"patchbay: the reply process cannot take this tokenizer ({type(e).__name__}: {e}); "
+                           f"its streams are rendered in the server")
+            self.tokenizers[key] = (tokenizer, False)
+            return
+        self.tokenizers[key] = (tokenizer, True)
+        self._send(("tokenizer", key, folder))
+
     def open(self, request_id: str, tokenizer, spec, opening: Opening) -> "Stream | None":
         key = id(tokenizer)
-        if key not in self.tokenizers:
-            try:
-                message = _frame(("tokenizer", key, tokenizer))
-            except Exception as e:  # a tokenizer that does not pickle
-                logger.warning(f"patchbay: the reply process cannot take this tokenizer ({type(e).__name__}: "
-                               f"{e}); its streams are rendered in the server")
-                self.tokenizers[key] = (tokenizer, False)
-            else:
-                self.tokenizers[key] = (tokenizer, True)
-                if not self.dead:
-                    self.writer.write(message)
         if not self.tokenizers[key][1]:
             return None
         logprobs = (bool(spec.logprobs), spec.top_logprobs) if spec is not None else (False, 0)
@@ -160,14 +171,14 @@ class Helper:
         try:
             while True:
                 head = await self.reader.readexactly(_HEADER.size)
-                for rendered in pickle.loads(await self.reader.readexactly(_HEADER.unpack(head)[0])):
+                for rendered in json.loads(await self.reader.readexactly(_HEADER.unpack(head)[0])):
                     # A finished stream is the reply process's no more; its events wait in its queue.
                     stream = self.streams.pop(rendered[0], None) if rendered[4] else self.streams.get(rendered[0])
                     if stream is not None:
                         stream.queue.put_nowait(rendered[1:])
         except (asyncio.IncompleteReadError, OSError) as e:
             self._died(f"reply process ended ({type(e).__name__})")
-        except Exception as e:  # a message that would not unpickle: nothing more can be trusted
+        except Exception as e:  # a message that would not parse: nothing more can be trusted
             self._died(f"reply process failed ({type(e).__name__}: {e})")
             raise
 
@@ -258,7 +269,9 @@ class _Rendering:
         from . import chat
         from .reply import Reply
 
-        knobs.use_request_overrides(overrides)
+        # JSON brought the knobs' tuples (comma lists) as lists
+        knobs.use_request_overrides(None if overrides is None else
+                                    {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
         vllm_fields.use_taken(fields)
         spec = Spec(logprobs=True, top_logprobs=logprobs[1]) if logprobs[0] else None
         self.reply = Reply(self.request_id, tokenizer, opening.input_ids, opening.tools, None,
@@ -314,14 +327,18 @@ def main(fd: int) -> None:
         head = source.read(_HEADER.size)
         if len(head) < _HEADER.size:
             return  # the server is gone
-        message = pickle.loads(source.read(_HEADER.unpack(head)[0]))
+        message = json.loads(source.read(_HEADER.unpack(head)[0]))
         kind = message[0]
         if kind == "tokenizer":
-            tokenizers[message[1]] = message[2]
-            threading.Thread(target=reply.warm, args=(message[2],), name="pb-token-entries", daemon=True).start()
+            from ... import AutoTokenizer
+
+            tokenizer = tokenizers[message[1]] = AutoTokenizer.from_pretrained(message[2])
+            shutil.rmtree(message[2], ignore_errors=True)
+            threading.Thread(target=reply.warm, args=(tokenizer,), name="pb-token-entries", daemon=True).start()
         elif kind == "open":
             _, request_id, key, opening, logprobs, overrides, fields = message
-            streams[request_id] = _Rendering(request_id, tokenizers[key], opening, logprobs, overrides, fields)
+            streams[request_id] = _Rendering(request_id, tokenizers[key], Opening(*opening), logprobs, overrides,
+                                             fields)
         elif kind == "close":
             if streams.pop(message[1], None) is not None:
                 usage.release(message[1])
