@@ -684,6 +684,18 @@ def test_reply_process_streams_beside_each_other_as_alone(agent):
         assert all(abs(a - b) < 1e-4 for m, t in zip(mine, theirs) for a, b in zip(m[3], t[3]))
 
 
+def test_reply_process_reports_the_cached_prompt_tokens(agent):
+    """A streamed reply's usage says how much of its prompt the prefix cache held, with the reply
+    process rendering it as without (the server counts; the reply process only writes it)."""
+    long = [{"role": "user", "content": "Tell me about reply processes. " * 40}]
+    body = {"messages": long, "max_tokens": 2, "stream_options": {"include_usage": True}}
+    usages = [[e["usage"] for e in offloaded_events(agent, body, knob)[:-1] if e.get("usage")][-1]
+              for knob in (0, 1, 1)]
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    assert 0 < cached[1] < usages[1]["prompt_tokens"], usages
+    assert cached[1] == cached[2], usages
+
+
 def reply_processes(server) -> list[int]:
     """The pids of the server's reply processes (its children running 0720's module)."""
     from pathlib import Path

@@ -343,7 +343,7 @@ def stream_step(chunk: _Chunks, reply: Reply, taken: list, j: int) -> tuple[str,
         deltas = [{}]
     parts = [chunk(d, logprobs=fresh if i == 0 else None, index=j) for i, d in enumerate(deltas)]
     if reply.error is not None:
-        parts.append(f"data: {json.dumps({'error': reply.error})}\n\n")
+        parts.append(sse.error_event(reply.error))
         return "".join(parts), True
     return "".join(parts), False
 

@@ -291,7 +291,7 @@ async def _run(cb, body, request_id, model_id, choices, opts, gen_config):
                 choice, output = await queue.get()
                 text = choice.take(output)
                 if choice.error is not None:
-                    yield f"data: {json.dumps({'error': choice.error})}\n\n"
+                    yield sse.error_event(choice.error)
                     return
                 parts = []
                 logprobs = choice.logprobs(final=choice.finished)

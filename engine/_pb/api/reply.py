@@ -204,10 +204,14 @@ class Reply:
             return "length"
         return "tool_calls" if self.calls_ended else "stop"
 
-    def usage(self) -> dict:
+    def usage(self, cached: int | None = None) -> dict:
+        """The reply's usage; `cached` is the prompt's cached tokens where the caller knows them
+        (the reply process, told by the server), else the scheduler's count in this process."""
+        if cached is None:
+            cached = usage.cached(self.request_id)
         return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.tokens),
                 "total_tokens": self.prompt_len + len(self.tokens),
-                "prompt_tokens_details": {"cached_tokens": usage.cached(self.request_id)},
+                "prompt_tokens_details": {"cached_tokens": cached},
                 "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
     def deltas(self, events) -> list[dict]:

@@ -39,7 +39,7 @@ from typing import NamedTuple
 from ...utils import logging
 from .. import knobs
 from ..runtime import batched_sampler
-from . import fingerprint, usage, vllm_fields
+from . import fingerprint, sse, usage, vllm_fields
 
 
 logger = logging.get_logger(__name__)
@@ -73,10 +73,6 @@ class Opening(NamedTuple):
 def _frame(message) -> bytes:
     data = json.dumps(message, separators=(",", ":")).encode()
     return _HEADER.pack(len(data)) + data
-
-
-def _error_event(message: str) -> str:
-    return f"data: {json.dumps({'error': message})}\n\n"
 
 
 async def open_stream(request_id: str, tokenizer, spec, opening: Opening) -> "Stream | None":
@@ -190,7 +186,7 @@ class Helper:
                 f"that is {_deaths} ended; streams are rendered in the server from now on")
         logger.error(f"patchbay: {why}; its {len(self.streams)} open stream(s) end with an error; {then}")
         for stream in list(self.streams.values()):
-            stream.queue.put_nowait((_error_event(why), None, 0, True))
+            stream.queue.put_nowait((sse.error_event(why), None, 0, True))
         self.streams.clear()
         self.writer.close()
         if self.proc.poll() is None:
@@ -280,6 +276,7 @@ class _Rendering:
         self.chunk = chat._Chunks(self.request_id, opening.model_id, opening.created)
         self.where = opening.where
         self.tokens: list[int] = []
+        self.cached = 0  # prompt tokens the server found in the prefix cache, as it last said
 
     def feed(self, record: tuple) -> tuple:
         """One step's record -> (request id, text, last event or None, tokens it covers, done)."""
@@ -294,7 +291,7 @@ class _Rendering:
         if top:
             spec.top += top
         if cached is not None:
-            usage.record_cached(self.request_id, cached)
+            self.cached = cached
         output = GenerationOutput(request_id=self.request_id, generated_tokens=self.tokens, error=error,
                                   status=RequestStatus(status))
         try:
@@ -302,12 +299,12 @@ class _Rendering:
             if failed:
                 return self.request_id, text, None, 0, True
             if self.reply.finished:
-                end, last = chat.stream_end(self.chunk, self.reply, 0, self.reply.usage(), self.where)
+                end, last = chat.stream_end(self.chunk, self.reply, 0, self.reply.usage(self.cached), self.where)
                 return self.request_id, text + end, last, len(self.reply.tokens), True
             return self.request_id, text, None, 0, False
         except Exception as e:  # one stream's failure ends that stream, not the others
             logger.exception(f"patchbay: reply process: rendering {self.request_id} failed")
-            return self.request_id, _error_event(f"rendering the reply failed ({type(e).__name__})"), None, 0, True
+            return self.request_id, sse.error_event(f"rendering the reply failed ({type(e).__name__})"), None, 0, True
 
 
 def main(fd: int) -> None:
@@ -340,8 +337,7 @@ def main(fd: int) -> None:
             streams[request_id] = _Rendering(request_id, tokenizers[key], Opening(*opening), logprobs, overrides,
                                              fields)
         elif kind == "close":
-            if streams.pop(message[1], None) is not None:
-                usage.release(message[1])
+            streams.pop(message[1], None)
         elif kind == "step":
             out = []
             for record in message[1]:
@@ -352,7 +348,6 @@ def main(fd: int) -> None:
                 out.append(rendered)
                 if rendered[4]:
                     del streams[record[0]]
-                    usage.release(record[0])
             if out:
                 conn.sendall(_frame(out))
 

@@ -3,7 +3,14 @@
 Clients such as the openai package stop reading at that line; without it they wait for
 the connection to close."""
 
+import json
+
 from .. import knobs
+
+
+def error_event(message) -> str:
+    """The event that ends a stream whose generation or rendering failed."""
+    return f"data: {json.dumps({'error': message})}\n\n"
 
 
 def finish(events):
