@@ -7,11 +7,10 @@ each choice's tokens are decoded and parsed as they come by a `reply.Reply`. It 
 """
 
 import contextvars
-import json
 import time
 
 from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits, messages, reply_process,
-               shapes, stream_interval, thinking, vllm_fields)
+               shapes, sse, stream_interval, thinking, vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
 from .reply import Reply, dumps as _dumps, parses
@@ -216,8 +215,6 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
                   gen_manager):
     """Submit the request and answer it; the hook returns what this returns."""
     from fastapi.responses import JSONResponse, StreamingResponse
-
-    from . import sse
 
     tokenizer = getattr(processor, "tokenizer", processor)
     input_ids = list(inputs["input_ids"])
