@@ -85,3 +85,21 @@ def test_another_prompt_of_the_same_length_reuses_nothing(server):
     common = shared(prompt_ids(server, f"Reuse control (other).\n{TEXT}"),
                     prompt_ids(server, f"Reuse control (other).\n{other}"))
     assert common < 256 and cached == 0
+
+
+def test_a_prompt_whose_reply_ends_at_its_first_token_leaves_every_block(server):
+    """0730: the chunk that completes a prompt is registered even when its request ends with the
+    token it produced (max_tokens 1), so the next send finds every complete block, not only the
+    chunks before the last (the local config prefills 1,024 tokens a step; the prompt is cut so
+    that its last chunk holds two blocks or more)."""
+    chars = 9000
+    while True:  # the local config's 1,024-token chunks: leave at least 512 tokens to the last
+        content = f"Reuse check (one token).\n{TEXT[:chars]}"
+        length = len(prompt_ids(server, content))
+        if length % 1024 >= 512:
+            break
+        chars -= 150
+    _, first_length, cached_first = ask(server, content, max_tokens=1)
+    _, length_again, cached = ask(server, content)
+    assert cached_first == 0 and first_length == length_again == length
+    assert length - 256 < cached < length, (length, cached)  # the last chunk's blocks too
