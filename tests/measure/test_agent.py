@@ -255,3 +255,29 @@ def test_agent_workload_through_the_cli(server_on, tmp_path):
     assert summary["graphs_captured"] == dict.fromkeys(arms, 0)
     assert ("CUDA graphs captured during the measured passes (each holds every stream for a step): "
             + ", ".join(f"{a} 0" for a in arms)) in (window / "SUMMARY.md").read_text()
+
+
+@pytest.mark.engine
+def test_a_replay_resends_one_prompt_and_finds_it_cached(server_on, tmp_path):
+    """--modes replay: each stream sends its prompt --turns times, greedy; the sends after the
+    first find its complete 256-token block in the prefix cache and reply the same."""
+    proc = subprocess.run([sys.executable, "-m", "patchbay", "ab", "--url", server_on.url, "--model", server_on.model,
+                           "--workload", "agent", "--modes", "replay", "--concurrency", "2", "--reps", "1",
+                           "--warmup", "0", "--max-tokens", "8", "--turns", "3", "--prompt-tokens", "600",
+                           "--results-dir", str(tmp_path), "--window", "replay"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    window = tmp_path / "W01-replay"
+    sends = {}
+    for r in windows.read_raw(window):
+        assert r["error"] is None and r["mode"] == "replay", r
+        sends.setdefault(r["stream"], {})[r["turn"]] = r
+    assert sorted(sends) == [0, 1] and all(sorted(s) == [0, 1, 2] for s in sends.values())
+    for s in sends.values():
+        assert 256 < s[0]["prompt_tokens"] <= 512 - 8
+        assert len({r["prompt_tokens"] for r in s.values()}) == 1 and len({r["text_sha256"] for r in s.values()}) == 1
+        assert [r["cached_tokens"] for r in s.values()] == [0, 256, 256]
+    assert sends[0][0]["prompt_tokens"] != sends[1][0]["prompt_tokens"] or \
+        sends[0][0]["text_sha256"] != sends[1][0]["text_sha256"]  # two streams, two prompts
+    text = (window / "SUMMARY.md").read_text()
+    assert "Replay, arm A, send by send (medians):" in text and "| 2 | 2 |" in text

@@ -203,7 +203,11 @@ def test_a_short_soak_counts_every_kind_and_writes_its_window(soak_server, tmp_p
     assert kinds["bad_messages_type"]["categories"] == {"expected_4xx": kinds["bad_messages_type"]["requests"]}
     for kind in ("chat", "chat_stream", "completion", "json_schema", "tool_auto", "tool_required"):
         assert kinds[kind]["categories"] == {"ok": kinds[kind]["requests"]}, (kind, summary["examples"])
-    assert set(kinds["disconnect_stream"]["categories"]) == {"disconnected"}, summary["examples"]
+    # A disconnecting stream leaves after its third data chunk; a sampled reply that ends first
+    # (an end of turn as its first token: the role and finish chunks only) completed, and is ok.
+    leaving = kinds["disconnect_stream"]["categories"]
+    assert set(leaving) <= {"disconnected", "ok"}, summary["examples"]
+    assert leaving.get("disconnected", 0) >= 0.9 * kinds["disconnect_stream"]["requests"], leaving
     assert summary["rss"]["judged"] and summary["rss"]["pid"] == int(soak_server.files.pid.read_text().split()[0])
     assert summary["running"]["after_grace"] in (None, 0), summary["checks"]
     assert summary["ok"], summary["checks"]

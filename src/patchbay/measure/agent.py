@@ -6,10 +6,12 @@ prose (`pydoc_data.topics`, or the repository's own article where that module is
 one of a few agent instructions (explain, edit this file, review, write tests, summarize). Every
 stream gets texts no other stream gets, and every request opens with a system line of its own
 (its session), so no two requests are alike and nothing of one is in the prefix cache of another;
-only a conversation's later turns share their earlier turns' prefix, as an agent's do.
+only a conversation's later turns share their earlier turns' prefix, as an agent's do, and a
+replay's sends are one prompt resent, as a retry or a regeneration is.
 
 A mode is a way to send the same prompt: greedy, sampled, the model's generation defaults, JSON
-under a schema, tools (auto or required), logprobs, or a growing conversation. The constrained
+under a schema, tools (auto or required), logprobs, a growing conversation, or a replay (the
+prompt sent --turns times in a row, greedy: how much of it the prefix cache holds each time). The constrained
 modes and logprobs sample like `sampled`, their free partner, so X/free isolates what X adds.
 """
 
@@ -25,7 +27,8 @@ from pathlib import Path
 from .prompt_texts import LONG_ARTICLE
 from .prompts import Prompt
 
-MODES = ("greedy", "sampled", "defaults", "json", "tools-auto", "tools-required", "logprobs", "conversation")
+MODES = ("greedy", "sampled", "defaults", "json", "tools-auto", "tools-required", "logprobs", "conversation",
+         "replay")
 DEFAULT_MODES = ("greedy", "sampled", "defaults", "json", "tools-required", "logprobs", "conversation")
 FREE = "sampled"  # what json, tools-* and logprobs are compared with: the same sampling, unconstrained
 SAMPLED = {"temperature": 0.7, "top_p": 0.95}
@@ -285,7 +288,7 @@ def body(mode: str, model: str, messages: list[dict], max_tokens: int, seed: int
     """The streamed chat request of `mode` (usage asked for in the last chunk)."""
     out = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
            "max_tokens": max_tokens}
-    if mode == "greedy":
+    if mode in ("greedy", "replay"):
         out["temperature"] = 0
     elif mode != "defaults":  # the model's generation defaults: no sampling field at all
         out.update(SAMPLED, seed=seed)
@@ -327,8 +330,8 @@ def add_arguments(ab) -> None:
                     "context /v1/models reports; max: the most the context holds (default: 600)")
     ab.add_argument("--requests", type=int, help="agent: requests each stream sends one after another in a pass "
                     "(default: 2)")
-    ab.add_argument("--turns", type=int, help="agent: a conversation's turns, each resending the whole history "
-                    "(default: 4)")
+    ab.add_argument("--turns", type=int, help="agent: a conversation's turns, each resending the whole history, "
+                    "and a replay's sends of one prompt (default: 4)")
     ab.add_argument("--turn-tokens", type=int, help="agent: new user tokens a conversation turn adds (default: 300)")
 
 

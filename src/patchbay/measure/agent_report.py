@@ -78,6 +78,8 @@ def summarize(records: list[dict], levels: list[int], modes: list[str], arms: li
                 data["b_over_a"][m] = ratio(cell[m, arms[1]], cell[m, arms[0]], seed + 10_000 * li + 5_000 + 10 * mi)
         if "conversation" in modes:
             data["turns"] = {a: turns(cell["conversation", a]) for a in arms}
+        if "replay" in modes:
+            data["replays"] = {a: turns(cell["replay", a]) for a in arms}
         out["levels"][str(level)] = data
     out["graphs_captured"] = graphs_captured(measured, arms)
     out["errors"] = sum(1 for r in records if r.get("error"))
@@ -99,7 +101,8 @@ def graphs_captured(measured: list[dict], arms: list[str]) -> dict:
 
 
 def turns(records: list[dict]) -> list[dict]:
-    """A conversation's figures turn by turn: what resending a growing history costs."""
+    """A conversation's figures turn by turn (what resending a growing history costs), or a
+    replay's send by send (what resending the same prompt costs)."""
     by_turn: dict[int, list] = {}
     for r in records:
         by_turn.setdefault(r["turn"], []).append(r)
@@ -162,11 +165,14 @@ def level_tables(level: str, data: dict, arms: list[str]) -> list[str]:
         lines += ["| mode | B/A aggregate [95 % CI] | B/A decode per stream [95 % CI] | B/A TTFT [95 % CI] |",
                   "|---|---|---|---|"]
         lines += [f"| {mode} | {_ratio_cells(r)} |" for mode, r in data["b_over_a"].items()] + [""]
-    for arm, rows in (data.get("turns") or {}).items():
-        lines += [f"Conversation, arm {arm}, turn by turn (medians):", "",
-                  "| turn | n | prompt tokens | cached | TTFT (ms) | decode tok/s |", "|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {t['turn']} | {t['n']} | {_num(t['prompt_tokens'], '{:.0f}')} | {_num(t['cached_tokens'], '{:.0f}')} "
-                  f"| {_ms(t['ttft_s'])} | {_num(t['decode_tps'])} |" for t in rows] + [""]
+    for key, title, unit in (("turns", "Conversation", "turn"), ("replays", "Replay", "send")):
+        for arm, rows in (data.get(key) or {}).items():
+            lines += [f"{title}, arm {arm}, {unit} by {unit} (medians):", "",
+                      f"| {unit} | n | prompt tokens | cached | TTFT (ms) | decode tok/s |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {t['turn']} | {t['n']} | {_num(t['prompt_tokens'], '{:.0f}')} | "
+                      f"{_num(t['cached_tokens'], '{:.0f}')} | {_ms(t['ttft_s'])} | {_num(t['decode_tps'])} |"
+                      for t in rows] + [""]
     return lines
 
 
@@ -202,7 +208,7 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              "Texts: Python standard-library sources of the client's Python and the language reference's prose, "
              "under an agent instruction (explain, edit, review, tests, summarize); every request opens with a "
              "system line of its own, so no prompt is another's and none is cached, except a conversation's "
-             "earlier turns. The same texts and seeds go to every mode and arm. `sampled`: temperature 0.7, "
+             "earlier turns and a replay's earlier sends. The same texts and seeds go to every mode and arm. `sampled`: temperature 0.7, "
              "top_p 0.95, a seed per request; `defaults`: no sampling field (the model's generation defaults); "
              f"json, tools-* and logprobs sample as `sampled`, their free partner (the X/free ratios). "
              "Decode tok/s per stream: a request's tokens after the first over its time after the first "

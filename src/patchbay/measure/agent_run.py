@@ -135,7 +135,7 @@ def schedule(plan: AgentPlan, restarts: bool = False) -> list[tuple[int, int, st
 
 
 def requests_of(plan: AgentPlan, level: int, mode: str) -> int:
-    return level * (plan.fitted.turns if mode == "conversation" else plan.requests)
+    return level * (plan.fitted.turns if mode in ("conversation", "replay") else plan.requests)
 
 
 def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: str, s: int, epoch: float,
@@ -161,6 +161,19 @@ def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: st
             if reply["reasoning_content"]:
                 assistant["reasoning_content"] = reply["reasoning_content"]
             messages = [*messages, assistant, {"role": "user", "content": later[turn]}]
+        return out
+    if mode == "replay":  # the stream's first prompt, the same bytes every send
+        prompt = plan.prompts[level][s][0]
+        session = agent.session_line(plan.seed, rep, level, mode, s, arm)
+        messages = [{"role": "system", "content": session}, prompt.messages()[-1]]
+        for send in range(plan.fitted.turns):
+            rec = bench.run_request(client, plan, agent.body(mode, plan.model, messages, plan.max_tokens, 0, knobs),
+                                    epoch, arm)
+            rec.update(stream=s, turn=send, prompt=prompt.id)
+            out.append(rec)
+            tick()
+            if rec["error"]:
+                break
         return out
     for r, prompt in enumerate(plan.prompts[level][s]):
         session = agent.session_line(plan.seed, rep, level, mode, s, r, arm)
