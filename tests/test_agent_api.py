@@ -699,19 +699,18 @@ def test_reply_process_reports_the_cached_prompt_tokens(agent):
 def test_a_failed_reply_ends_its_stream_with_an_error_event(patched_engine, tiny_model):
     """The in-server rendering of a stream whose reply failed: the chunk's events, then the error
     event, and the stream reported failed (a step that runs out of GPU memory ends streams so)."""
-    from .conftest import engine_code
-
     code = f"""
+import json
 from transformers import AutoTokenizer
 from transformers._pb.api import chat
 from transformers._pb.api.reply import Reply
 reply = Reply("r1", AutoTokenizer.from_pretrained({tiny_model!r}), [1, 2, 3], None, None, 8, parse=False)
 reply.error = "the step ran out of memory"
-print(repr(chat.stream_step(chat._Chunks("r1", "m", 0), reply, [], 0)))
+print(json.dumps(chat.stream_step(chat._Chunks("r1", "m", 0), reply, [], 0)))
 """
     proc = engine_code(code, patched_engine)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    text, failed = eval(proc.stdout.strip().splitlines()[-1])
+    text, failed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert failed and text.endswith('data: {"error": "the step ran out of memory"}\n\n'), text
 
 
