@@ -219,12 +219,13 @@ def varlen_step(seqs, generator):
     return q, k, v, cu_q, cu_k, kwargs
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["0370", "0400"])
-@pytest.mark.parametrize("seqs", [[(0, 8192)], [(8000, 1)] * 32, [(4000, 1)] * 7 + [(0, 3000)], [(300, 700), (0, 1)]])
-def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(seqs, fast):
-    """0370 (and with 0400's TMA loads and FMA softmax) against upstream's masked sdpa (float32
-    reference of the same bf16 inputs), and the first sequence's rows alone against the same rows
-    in the whole step."""
+@pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
+@pytest.mark.parametrize("seqs", [[(0, 8192)], [(8000, 1)] * 32, [(4000, 1)] * 7 + [(0, 3000)], [(300, 700), (0, 1)],
+                                  [(32767, 1), (200, 1)], [(131071, 1)]])
+def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(seqs, fast, split):
+    """0370 (and with 0400's TMA loads and FMA softmax, and 0740's decode rows in parts) against
+    upstream's masked sdpa (float32 reference of the same bf16 inputs), and the first sequence's
+    rows alone against the same rows in the whole step."""
     from types import SimpleNamespace
 
     from transformers._pb.ops import varlen_attention
@@ -233,7 +234,7 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
     gen = torch.Generator(device="cuda").manual_seed(len(seqs))
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
     module = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
-    varlen_attention.ENABLED, varlen_attention.FAST = True, fast
+    varlen_attention.ENABLED, varlen_attention.FAST, varlen_attention.SPLIT = True, fast, split
     try:
         if fast:  # the step's keys and values as the cache lays them out can be read through TMA
             assert varlen_attention._descriptors(k, v) is not None
@@ -252,6 +253,42 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
             "cu_seq_lens_k": torch.tensor([0, sum(first)], dtype=torch.int32, device="cuda")})
         assert torch.equal(alone, got[:, : first[1]])
         assert torch.equal(in_graph(lambda: varlen_attention.forward(module, q, k, v, HEAD_DIM ** -0.5, kwargs)), got)
+    finally:
+        varlen_attention.restore()
+
+
+@pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
+@pytest.mark.parametrize("seqs", [[(32767, 1), (200, 1)], [(8000, 1)] * 8 + [(300, 700)], [(1000, 3000), (0, 1)]])
+def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
+    """0750: the step's keys read from a paged cache (pages of 256 rows in shuffled order, as the
+    allocator hands them out) through the read index give the same bits as the same keys gathered
+    into one tensor first (upstream's index_select), also replayed in a CUDA graph."""
+    from transformers._pb.ops import varlen_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
+    page = 256
+    pages = [-(-(past + new) // page) for past, new in seqs]
+    rows = torch.randperm(sum(pages) + 3, generator=gen, device="cuda")[: sum(pages)] * page
+    index, taken = [], 0
+    for (past, new), count in zip(seqs, pages):
+        starts = rows[taken:taken + count]
+        taken += count
+        index.append((starts[:, None] + torch.arange(page, device="cuda")[None]).flatten()[: past + new])
+    index = torch.cat(index)
+    cache_k = torch.zeros(((sum(pages) + 3) * page, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+    cache_v = torch.zeros_like(cache_k)
+    cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+    gathered = [torch.index_select(c, 0, index).transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
+    paged = [c.transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
+    cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    varlen_attention.ENABLED, varlen_attention.FAST, varlen_attention.SPLIT = True, fast, split
+    try:
+        want = varlen_attention._attend(q, *gathered, HEAD_DIM ** -0.5, cu_q_t, cu_k_t)
+        got = varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t, index)
+        assert torch.equal(got, want)
+        assert torch.equal(in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t,
+                                                                     index)), want)
     finally:
         varlen_attention.restore()
 

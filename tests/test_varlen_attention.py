@@ -13,12 +13,19 @@ from .conftest import engine_code, engine_job
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["0370", "0400"])
+KNOBS = {"0370": {}, "0400": {"PB_VARLEN_FAST": "1"},
+         "0740+0750": {"PB_VARLEN_FAST": "1", "PB_SPLIT_DECODE": "1", "PB_CACHE_READ": "1"}}
+
+
+@pytest.fixture(scope="module", params=list(KNOBS))
 def on(request, patched_engine, tiny_model):
-    fast = {"PB_VARLEN_FAST": "1"} if request.param == "0400" else {}
+    knobs = KNOBS[request.param]
     report = engine_job("varlen_attention_job.py", patched_engine, tiny_model, timeout=900, TRITON_INTERPRET="1",
-                        PB_VARLEN_ATTENTION="1", **fast)
-    assert report["fast"] is bool(fast) and report["descriptors"] is bool(fast), report
+                        PB_VARLEN_ATTENTION="1", **knobs)
+    fast = "PB_VARLEN_FAST" in knobs
+    assert report["fast"] is fast and report["descriptors"] is fast, report
+    assert report["split_on"] is ("PB_SPLIT_DECODE" in knobs), report
+    assert report["read_cache_on"] is ("PB_CACHE_READ" in knobs), report
     return report
 
 
@@ -51,6 +58,31 @@ def test_tiny_models_greedy_replies_through_the_batching_loop_equal_upstreams(on
     assert on["tiny"]["equal"] is True
     assert on["tiny"]["kernel_steps"] >= 20  # both layers, every step
     assert all(len(r) == 12 for r in on["tiny"]["replies"])
+
+
+@pytest.mark.parametrize("on", ["0740+0750"], indirect=True)
+def test_split_decode_merges_a_rows_parts_to_its_attention_whatever_its_neighbours(on):
+    # 0740: decode rows of 1 to 2,900 keys (one part up to 512 keys, six parts at 2,900) among a
+    # prompt chunk and padding rows
+    got = on["split"]
+    assert got["max_abs_diff"] < 1e-5 and got["padding_rows_zero"] is True
+    assert got["alone_vs_batched_equal_bits"] is True
+    assert got["programs_equal_bits"] is True  # one program a KV head, or seven: the same bits
+    assert got["one_part_rows_equal_0370"] is True
+    assert got["long_rows_differ_from_0370"] is True  # the parts ran: another order of sums
+    assert got["capped_max_abs_diff"] < 1e-5 and got["capped_differs"] is True  # MAX_PARTS 2: larger parts
+    assert got["many_rows"] == 70 and got["many_max_abs_diff"] < 1e-5  # parts counted 64 sequences at a time
+
+
+@pytest.mark.parametrize("on", ["0740+0750"], indirect=True)
+def test_cache_read_attends_from_the_pages_with_the_gathers_bits(on):
+    # 0750: prompts of 400, 150 and 20 tokens in steps of at most 256 tokens: the long prompt's
+    # later chunks and every decode row read cached keys through the read index (TMA blocks, 0400)
+    got = on["cache_read"]
+    assert got["prompt_lengths"] == [400, 150, 20] and got["reply_lengths"] == [10, 10, 10]
+    assert got["gather_run_indexed"] == 0 and got["indexed_calls"] >= 2 * 9  # both layers, every decode step
+    assert got["same_calls"] is True and got["equal_bits"] is True
+    assert got["replies_equal"] is True
 
 
 def test_knob_off_keeps_upstreams_path(patched_engine):

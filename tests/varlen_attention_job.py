@@ -97,6 +97,97 @@ def stable_launch() -> dict:
             "max_abs_diff": (chunked[:, :real] - want[:, :real]).abs().max().item()}
 
 
+def split_decode() -> dict:
+    """0740: decode rows of one to many parts (keys past PART_BLOCKS blocks) among a prompt chunk
+    and padding, against upstream's masked sdpa; a long row alone against batched, and whatever
+    the programs' count; rows of one part against 0370's bits; the part count's cap."""
+    gen = torch.Generator().manual_seed(4)
+    seqs = [(0, 1), (510, 1), (511, 1), (512, 1), (1300, 1), (40, 30), (2899, 1)]
+    q, k, v, cu_q, cu_k = step(seqs, 2, 3, gen)
+    got, want = kernel(q, k, v, cu_q, cu_k), reference(q, k, v, cu_q, cu_k)
+    real = cu_q[-1]
+    report = {"max_abs_diff": (got[:, :real] - want[:, :real]).abs().max().item(),
+              "padding_rows_zero": bool((got[:, real:] == 0).all())}
+    varlen_attention.SPLIT = False
+    unsplit = kernel(q, k, v, cu_q, cu_k)
+    varlen_attention.SPLIT = True
+    short = [i for i, (past, new) in enumerate(seqs) if new == 1 and past + new <= 512]
+    report["one_part_rows_equal_0370"] = all(torch.equal(got[0, cu_q[i]], unsplit[0, cu_q[i]]) for i in short)
+    report["long_rows_differ_from_0370"] = all(not torch.equal(got[0, cu_q[i]], unsplit[0, cu_q[i]]) for i in (4, 6))
+    # the long row alone, and with one program a KV head and with seven
+    lone = [(2899, 1)]
+    lq, lk, lv, lcu_q, lcu_k = step(lone, 0, 0, gen)
+    q[:, :, -3] = lq[:, :, 0]  # the step's last real row is the long one: its keys are the step's last
+    k[:, :, cu_k[-2]:cu_k[-1]], v[:, :, cu_k[-2]:cu_k[-1]] = lk, lv
+    batched = kernel(q, k, v, cu_q, cu_k)[:, real - 1:real]
+    alone = kernel(lq, lk, lv, lcu_q, lcu_k)
+    programs = varlen_attention._programs
+    counts = {}
+    for count in (1, 7):
+        varlen_attention._programs = lambda device, kv_heads, count=count: count
+        counts[count] = kernel(lq, lk, lv, lcu_q, lcu_k)
+    varlen_attention._programs = programs
+    report["alone_vs_batched_equal_bits"] = bool(torch.equal(alone, batched))
+    report["programs_equal_bits"] = all(torch.equal(alone, c) for c in counts.values())
+    # at most two parts a row: the 2,900-key row's 23 blocks in parts of 12 and 11
+    varlen_attention.MAX_PARTS = 2
+    capped = kernel(lq, lk, lv, lcu_q, lcu_k)
+    varlen_attention.MAX_PARTS = 64
+    report["capped_max_abs_diff"] = (capped - reference(lq, lk, lv, lcu_q, lcu_k)).abs().max().item()
+    report["capped_differs"] = not torch.equal(capped, alone)
+    # 70 rows: the parts counted over two chunks of SEQ_CHUNK sequences, long rows past the first 64
+    rng = random.Random(5)
+    many = [(rng.choice([rng.randint(0, 60), rng.randint(500, 1400)]), 1) for _ in range(68)] + [(30, 9), (1100, 1)]
+    mq, mk, mv, mcu_q, mcu_k = step(many, 1, 2, gen)
+    real = mcu_q[-1]
+    report["many_rows"] = len(many)
+    report["many_max_abs_diff"] = (kernel(mq, mk, mv, mcu_q, mcu_k)[:, :real]
+                                   - reference(mq, mk, mv, mcu_q, mcu_k)[:, :real]).abs().max().item()
+    return report
+
+
+def cache_read(model_dir: str) -> dict:
+    """0750: the tiny model's greedy replies to prompts of 20 to 400 tokens through the batching
+    loop, steps of at most 256 tokens (the long prompt in chunks after its cached keys, beside
+    decode rows), with the attention reading the cache's pages and with upstream's gather: every
+    attention output the same bits, and the replies the same."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    words = "the cache holds every key a request has read so far and the step reads them again ".split()
+    prompts = [tok(" ".join(words[i % len(words)] for i in range(n)))["input_ids"][:n] for n in (400, 150, 20)]
+    config = GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    cb = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
+    real = varlen_attention._attend
+    outputs, indexed = [], []
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        outputs.append(out.clone())
+        indexed.append(len(args) > 6 and args[6] is not None)
+        return out
+
+    varlen_attention._attend = recording
+    runs = {}
+    for read in (False, True):
+        varlen_attention.READ_CACHE = read
+        outputs.clear(), indexed.clear()
+        outs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb,
+                                    progress_bar=False)
+        runs[read] = {"replies": [outs[r].generated_tokens for r in sorted(outs)], "outputs": list(outputs),
+                      "indexed": sum(indexed)}
+    varlen_attention._attend = real
+    a, b = runs[False], runs[True]
+    return {"calls": len(b["outputs"]), "indexed_calls": b["indexed"], "gather_run_indexed": a["indexed"],
+            "same_calls": len(a["outputs"]) == len(b["outputs"]),
+            "equal_bits": len(a["outputs"]) == len(b["outputs"])
+            and all(torch.equal(x, y) for x, y in zip(a["outputs"], b["outputs"])),
+            "replies_equal": a["replies"] == b["replies"], "reply_lengths": [len(r) for r in b["replies"]],
+            "prompt_lengths": [len(p) for p in prompts]}
+
+
 def tiny_replies(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -105,20 +196,19 @@ def tiny_replies(model_dir: str) -> dict:
     prompts = [tok(t)["input_ids"] for t in ("def fibonacci(n):", "The quick brown fox jumps over", "import os\n")]
     config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     calls = []
-    real = varlen_attention.forward
+    real = varlen_attention._attend  # both ways in: forward, and 0750's forward_from_cache
 
-    def counted(*args):
-        out = real(*args)
-        calls.append(out is not None)
-        return out
+    def counted(*args, **kwargs):
+        calls.append(True)
+        return real(*args, **kwargs)
 
-    varlen_attention.forward = counted
+    varlen_attention._attend = counted
     replies = {}
     for name, enabled in (("upstream", False), ("kernel", True)):
         varlen_attention.ENABLED = enabled
         outs = model.generate_batch(prompts, generation_config=config, progress_bar=False)
         replies[name] = [outs[r].generated_tokens for r in sorted(outs)]
-    varlen_attention.forward = real
+    varlen_attention._attend = real
     return {"equal": replies["upstream"] == replies["kernel"], "kernel_steps": sum(calls),
             "replies": replies["kernel"]}
 
@@ -128,7 +218,12 @@ probe = step([(3, 5)], 0, 0, torch.Generator().manual_seed(2))
 report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
           "descriptors": varlen_attention.FAST and varlen_attention._descriptors(probe[1], probe[2]) is not None,
           "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
-          "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch()}
+          "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch(),
+          "split_on": varlen_attention.SPLIT, "read_cache_on": varlen_attention.READ_CACHE}
+if varlen_attention.SPLIT:
+    report["split"] = split_decode()
 if len(sys.argv) > 1:
     report["tiny"] = tiny_replies(sys.argv[1])
+    if varlen_attention.READ_CACHE:
+        report["cache_read"] = cache_read(sys.argv[1])
 print(json.dumps(report))

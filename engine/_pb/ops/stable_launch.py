@@ -67,7 +67,8 @@ def warm_align(model) -> int:
 
 
 def warm_attention(model) -> int:
-    """Attend over dummy steps of 1, 2 and 16 two-token prompts after cached keys; the steps run."""
+    """Attend over dummy steps of 1, 2 and 16 two-token prompts after cached keys, and of as many
+    decode rows (through the read index too with 0750); the prompt steps run."""
     from . import varlen_attention  # here: varlen_attention reads STABLE from this module
 
     if not (varlen_attention.ENABLED and STABLE):
@@ -93,6 +94,14 @@ def warm_attention(model) -> int:
                   "cu_seq_lens_k": torch.arange(0, (new + cached) * sequences + 1, new + cached, **cu)}
         if varlen_attention.forward(module, q, k, v, dim ** -0.5, kwargs) is not None:
             steps += 1
+        # decode rows (0370's or 0740's kernels), and both kinds read through an index (0750)
+        decode_q = q[:, :, :sequences]
+        decode_cu = torch.arange(0, sequences + 1, **cu)
+        varlen_attention._attend(decode_q, k, v, dim ** -0.5, decode_cu, kwargs["cu_seq_lens_k"])
+        if varlen_attention.READ_CACHE:
+            index = torch.arange(k.shape[2], dtype=torch.int64, device=weight.device)
+            varlen_attention._attend(q, k, v, dim ** -0.5, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], index)
+            varlen_attention._attend(decode_q, k, v, dim ** -0.5, decode_cu, kwargs["cu_seq_lens_k"], index)
     return steps
 
 

@@ -36,6 +36,7 @@ FMA. On an H200 one 8K prompt's layer took 3.15 ms against 4.02 (W13 launch-swee
 cannot read the step's keys (an address or stride off 16 bytes) the blocks take the pointer path.
 """
 
+import functools
 import sys
 
 import torch
@@ -49,6 +50,10 @@ FAST = False  # set by at_load: PB_VARLEN_FAST (0400) on as well
 SEQ_CHUNK = 64  # with stable_launch.STABLE (0450): the sequences the prompt kernel counts at a time, whatever the step holds
 BLOCK_M, BLOCK_N = 128, 128  # query rows (prompt blocks) and keys a program takes at a time
 WARPS = 8  # a prompt block's program (a decode row's takes 4)
+SPLIT = False  # set by at_load: PB_SPLIT_DECODE (0740) on as well
+READ_CACHE = False  # set by at_load: PB_CACHE_READ (0750) on as well
+PART_BLOCKS, MAX_PARTS = 4, 64  # 0740: key blocks a decode row's part takes (about); parts a row at most (a power of 2)
+PROGRAMS_PER_SM = 8  # 0740: the decode parts' programs, over the KV heads (any count gives the same bits)
 
 
 def on() -> bool:
@@ -81,8 +86,42 @@ def forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     or None where upstream's path applies."""
     if not ENABLED or not fits(module, query, key, kwargs):
         return None
+    return _attend(query, key, value, scaling, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"])
+
+
+def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling, cache,
+                       kwargs: dict):
+    """PB_CACHE_READ (0750), called in place of the paged cache's update: the step's new keys and
+    values written to the cache as upstream writes them, then the step's attention read straight
+    from the cache's pages through the step's read index, without upstream's gather of every key
+    the step reads into one tensor. None where upstream's update and path apply: another kind of
+    cache group (a sliding window), a block table, a step that reads no cached keys (upstream
+    gathers nothing then), or a step the kernel does not fit."""
+    if not (ENABLED and READ_CACHE) or kwargs.get("block_table") is not None:
+        return None
+    allocator = cache.layer_to_allocator[module.layer_idx]
+    views = getattr(allocator, "_kv_token_views", None)
+    if views is None or module.layer_idx not in views:
+        return None
+    read_index = kwargs["read_index"][allocator.index]
+    cu_k = kwargs["cu_seq_lens_k"][allocator.layer_type].to(torch.int32)
+    if read_index.numel() == 0 or not fits(module, query, key, {**kwargs, "cu_seq_lens_k": cu_k}):
+        return None
+    k_cache, v_cache = views[module.layer_idx]  # [cache rows, KV heads, dim]
+    write_index = kwargs["write_index"][allocator.index]
+    k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
+    # TMA reads a key block as one run of rows: it must not cross a page
+    whole_blocks = getattr(allocator, "tokens_per_page", 1) % BLOCK_N == 0
+    return _attend(query, k_cache.transpose(0, 1).unsqueeze(0), v_cache.transpose(0, 1).unsqueeze(0), scaling,
+                   kwargs["cu_seq_lens_q"], cu_k, read_index, fast=FAST and whole_blocks)
+
+
+def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None):
+    """The kernels over the step's keys ([1, KV heads, keys, dim]), or with `index` (0750) over the
+    cache's rows, sequence s's j-th key at row index[cu_k[s] + j]."""
     kernel = kernels("varlen_attention")
-    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    fast = FAST if fast is None else fast
     sequences = cu_q.numel() - 1
     _, heads, tokens, dim = query.shape
     groups = heads // key.shape[1]
@@ -96,34 +135,82 @@ def forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     lengths = cu_q[1:] - cu_q[:-1]
     blocks = torch.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0)
     block_end = torch.cumsum(blocks, 0).to(torch.int32)
-    descriptors = _descriptors(key, value) if FAST else None
+    descriptors = _descriptors(key, value) if fast else None
+    indexed = index is not None
+    index = index if indexed else cu_k  # unread without INDEXED
     kernel.pb_varlen_attention[(heads, -(-tokens // BLOCK_M) + sequences)](
-        query, key, value, out, *(descriptors or (key, value)), cu_q, cu_k, block_end, sequences, scale, *strides,
-        GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        query, key, value, out, *(descriptors or (key, value)), index, cu_q, cu_k, block_end, sequences, scale,
+        *strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
-        num_warps=WARPS)
+        INDEXED=indexed, num_warps=WARPS)
     # sequences of one query token (decode): one program a KV head reads its keys once for its query heads
-    kernel.pb_varlen_attention_decode[(sequences, key.shape[1])](
-        query, key, value, out, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
-        BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, num_warps=4)
+    if SPLIT:
+        keys = index.numel() if indexed else key.shape[2]
+        _decode_in_parts(kernel, query, key, value, out, index, indexed, keys, cu_q, cu_k, sequences, scale, strides,
+                         groups)
+    else:
+        kernel.pb_varlen_attention_decode[(sequences, key.shape[1])](
+            query, key, value, out, index, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
+            BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, INDEXED=indexed, num_warps=4)
     return out
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(device: torch.device, kv_heads: int) -> int:
+    """0740: the programs a KV head gets for the decode parts: PROGRAMS_PER_SM an SM over the KV
+    heads (a handful under the interpreter). Any count gives the same bits."""
+    if device.type != "cuda":
+        return 3
+    return max(1, PROGRAMS_PER_SM * _sm_count(device) // kv_heads)
+
+
+def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys: int, cu_q, cu_k, sequences: int,
+                     scale: float, strides, groups: int):
+    """PB_SPLIT_DECODE (0740): the decode rows' keys split into parts by each row's own key count,
+    the parts spread over the GPU, then merged in key order (see the module's text)."""
+    kv_heads, dim = key.shape[1], query.shape[-1]
+    block_h = max(16, pow2(groups))
+    # every part but a row's last holds PART_BLOCKS or more blocks: this many parts at most
+    slots = (2 * sequences + keys // (BLOCK_N * PART_BLOCKS) + 1) * kv_heads
+    acc = torch.empty((slots, block_h, dim), dtype=torch.float32, device=query.device)
+    ml = torch.empty((slots, 2, block_h), dtype=torch.float32, device=query.device)
+    sizes = dict(GROUPS=groups, HEAD_DIM=dim, BLOCK_H=block_h, BLOCK_N=BLOCK_N, PART_BLOCKS=PART_BLOCKS,
+                 MAX_PARTS=MAX_PARTS, SEQ_CHUNK=SEQ_CHUNK)
+    programs = _programs(query.device, kv_heads)
+    kernel.pb_varlen_attention_decode_parts[(kv_heads, programs)](
+        query, key, value, acc, ml, index, cu_q, cu_k, sequences, scale, *strides[:6], PROGRAMS=programs,
+        INDEXED=indexed, **sizes, num_warps=4)
+    kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads * groups)](
+        out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, num_warps=4)
 
 
 def at_load() -> None:
     """The model-load hook: with the knob on, paged sdpa steps attend through the kernel."""
-    global ENABLED, FAST
+    global ENABLED, FAST, SPLIT, READ_CACHE
     knob = on()
     ENABLED = knob and TRITON
     FAST = ENABLED and bool(knobs.get("PB_VARLEN_FAST"))
+    SPLIT = ENABLED and bool(knobs.get("PB_SPLIT_DECODE"))
+    READ_CACHE = ENABLED and bool(knobs.get("PB_CACHE_READ"))
     if knob:
         sys.stderr.write("patchbay: PB_VARLEN_ATTENTION: paged attention steps run one Triton kernel per "
                          "sequence's own keys\n")
     if FAST:
         sys.stderr.write("patchbay: PB_VARLEN_FAST: prompt blocks read keys and values through TMA and scale "
                          "scores inside the exponent's FMA\n")
+    if SPLIT:
+        sys.stderr.write("patchbay: PB_SPLIT_DECODE: a decode row's keys are attended in parts spread over the "
+                         "GPU, merged in key order\n")
+    if READ_CACHE:
+        sys.stderr.write("patchbay: PB_CACHE_READ: attention reads cached keys and values from their pages, "
+                         "without gathering them first\n")
 
 
 def restore() -> None:
     """Upstream's attention again (for in-process A/Bs and tests)."""
-    global ENABLED, FAST
-    ENABLED = FAST = False
+    global ENABLED, FAST, SPLIT, READ_CACHE
+    ENABLED = FAST = SPLIT = READ_CACHE = False

@@ -7,15 +7,16 @@ import triton.language as tl
 
 
 @triton.jit
-def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last, row_ok, qk_scale,
+def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, row, start, k_len, kv_head, last, row_ok, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """key_block with PB_VARLEN_FAST (0400): keys and values come through TMA descriptors of the step's
     [tokens, KV heads, dim] keys and values (rows past the tensor read as zeros; values past the
     sequence are zeroed here, since they belong to another sequence), and the running softmax keeps
-    the raw scores: m = max(raw) * scale, p = exp2(raw * scale - m), one FMA a score."""
+    the raw scores: m = max(raw) * scale, p = exp2(raw * scale - m), one FMA a score. `row`: the
+    block's first key's row of the tensors the descriptors read."""
     cols = start + tl.arange(0, BLOCK_N)
-    k = k_desc.load([k_start + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
-    v = v_desc.load([k_start + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    k = k_desc.load([row, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    v = v_desc.load([row, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
     s = tl.dot(q, tl.trans(k))
     if MASKED:
         col_ok = cols < k_len
@@ -34,13 +35,17 @@ def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_h
 
 
 @triton.jit
-def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok, qk_scale, stride_kt,
-              stride_kh, stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last, row_ok, qk_scale,
+              stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, INDEXED: tl.constexpr):
     """One block of BLOCK_N keys from `start` into the running softmax (base-2 exponents). MASKED:
     some row of the block may not see some of these keys, or the block runs past the sequence."""
     dims = tl.arange(0, HEAD_DIM)
     cols = start + tl.arange(0, BLOCK_N)
-    k_rows = (k_start + cols).to(tl.int64)[:, None]  # 64-bit offsets: a step's keys can pass 2**31 elements
+    if INDEXED:  # 0750: each key's row of the cache, from the step's read index
+        k_rows = tl.load(idx_ptr + k_start + cols, mask=cols < k_len, other=0).to(tl.int64)[:, None]
+    else:  # 64-bit offsets: a step's keys can pass 2**31 elements
+        k_rows = (k_start + cols).to(tl.int64)[:, None]
     kv_head = kv_head.to(tl.int64)
     if MASKED:
         col_ok = cols < k_len
@@ -62,9 +67,9 @@ def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, la
 
 
 @triton.jit
-def attend(q, k_ptr, v_ptr, k_desc, v_desc, k_start, k_len, kv_head, seen_by_all, high, last, row_ok, scale,
+def attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, kv_head, seen_by_all, high, last, row_ok, scale,
            stride_kt, stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-           BLOCK_N: tl.constexpr, FAST: tl.constexpr):
+           BLOCK_N: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
     """Flash attention's running softmax for `ROWS` query rows q over one sequence's keys [0, high)
     of one KV head, in blocks of BLOCK_N from its first key; row r sees the keys up to last[r].
     Every row sees the keys before `seen_by_all`, so whole blocks there skip the masks; a block
@@ -75,28 +80,43 @@ def attend(q, k_ptr, v_ptr, k_desc, v_desc, k_start, k_len, kv_head, seen_by_all
     l_i = tl.zeros((ROWS,), dtype=tl.float32)
     acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
     full = (tl.minimum(seen_by_all, high) // BLOCK_N) * BLOCK_N
+    # FAST with INDEXED (0750): a block's first key's cache row is read one block ahead, so the
+    # block's TMA loads never wait on the index (its BLOCK_N keys lie in one page: one run of rows)
+    row = k_start
+    if FAST and INDEXED:
+        row = tl.load(idx_ptr + k_start).to(tl.int32)
     for start in range(0, full, BLOCK_N):
         if FAST:
-            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last,
-                                           row_ok, qk_scale, HEAD_DIM, BLOCK_N, False)
+            this_row = k_start + start
+            if INDEXED:
+                this_row = row
+                row = tl.load(idx_ptr + k_start + tl.minimum(start + BLOCK_N, k_len - 1)).to(tl.int32)
+            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, this_row, start, k_len, kv_head,
+                                           last, row_ok, qk_scale, HEAD_DIM, BLOCK_N, False)
         else:
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok,
-                                      qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, False)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
+                                      row_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
+                                      False, INDEXED)
     for start in range(full, high, BLOCK_N):
         if FAST:
-            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, start, k_start, k_len, kv_head, last,
-                                           row_ok, qk_scale, HEAD_DIM, BLOCK_N, True)
+            this_row = k_start + start
+            if INDEXED:
+                this_row = row
+                row = tl.load(idx_ptr + k_start + tl.minimum(start + BLOCK_N, k_len - 1)).to(tl.int32)
+            acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, this_row, start, k_len, kv_head,
+                                           last, row_ok, qk_scale, HEAD_DIM, BLOCK_N, True)
         else:
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, start, k_start, k_len, kv_head, last, row_ok,
-                                      qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, True)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
+                                      row_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
+                                      True, INDEXED)
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
 
 
 @triton.jit
-def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, cu_q_ptr, cu_k_ptr, block_end_ptr, sequences,
-                        scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                        GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr):
+def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr,
+                        sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                        stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
     """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
     of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
     head of the step's last block first, so the blocks with the most keys start early and the
@@ -126,18 +146,18 @@ def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, cu_q_ptr, 
         # a row sees its sequence's keys up to its own position (the cached ones before the step too)
         high = tl.minimum(k_len, (block + 1) * BLOCK_M + (k_len - q_len))
         first = block * BLOCK_M + (k_len - q_len)  # the block's first row's last key: every row sees up to it
-        out = attend(q, k_ptr, v_ptr, k_desc, v_desc, k_start, k_len, head // GROUPS, first + 1, high,
+        out = attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, head // GROUPS, first + 1, high,
                      rows + (k_len - q_len), row_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_M,
-                     HEAD_DIM, BLOCK_N, FAST)
+                     HEAD_DIM, BLOCK_N, FAST, INDEXED)
         tl.store(out_ptr + q_rows * stride_ot + head.to(tl.int64) * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, scale,
+def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, idx_ptr, cu_q_ptr, cu_k_ptr, scale,
                                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                                GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                               BLOCK_N: tl.constexpr):
+                               BLOCK_N: tl.constexpr, INDEXED: tl.constexpr):
     """A sequence with one query token: one program takes the query heads that share one KV head
     (the rows of its dots) and walks the sequence's keys once for all of them."""
     seq = tl.program_id(0)
@@ -155,7 +175,125 @@ def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr,
         q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=group_ok[:, None], other=0.0)
         last = tl.full((BLOCK_H,), 0, dtype=tl.int32) + (k_len - 1)  # the one query token is the last
-        out = attend(q, k_ptr, v_ptr, k_ptr, v_ptr, k_start, k_len, kv_head, k_len, k_len, last, group_ok, scale,
-                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_N, False)
+        out = attend(q, k_ptr, v_ptr, k_ptr, v_ptr, idx_ptr, k_start, k_len, kv_head, k_len, k_len, last, group_ok,
+                     scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_N, False, INDEXED)
         tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=group_ok[:, None])
+
+
+@triton.jit
+def decode_parts(cu_q_ptr, cu_k_ptr, ids, sequences, BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr,
+                 MAX_PARTS: tl.constexpr):
+    """PB_SPLIT_DECODE (0740): for the sequences `ids`, how many parts a decode row's keys are split
+    into and how many key blocks a part takes (its last part may take fewer); 0 parts for a
+    sequence of more than one query token, or none (padding). Both follow from the sequence's own
+    key count only: about PART_BLOCKS blocks a part, at most MAX_PARTS parts, none empty."""
+    ok = ids < sequences
+    q_len = tl.load(cu_q_ptr + ids + 1, mask=ok, other=0) - tl.load(cu_q_ptr + ids, mask=ok, other=0)
+    k_len = tl.load(cu_k_ptr + ids + 1, mask=ok, other=0) - tl.load(cu_k_ptr + ids, mask=ok, other=0)
+    blocks = (k_len + BLOCK_N - 1) // BLOCK_N
+    wanted = tl.maximum(tl.minimum((blocks + PART_BLOCKS - 1) // PART_BLOCKS, MAX_PARTS), 1)
+    per_part = tl.maximum((blocks + wanted - 1) // wanted, 1)
+    parts = tl.where(ok & (q_len == 1), (blocks + per_part - 1) // per_part, 0)
+    return parts, per_part
+
+
+@triton.jit
+def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, idx_ptr, cu_q_ptr, cu_k_ptr, sequences,
+                                     scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                                     GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                                     BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr, MAX_PARTS: tl.constexpr,
+                                     SEQ_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr, INDEXED: tl.constexpr):
+    """PB_SPLIT_DECODE (0740): the decode rows' keys in parts. The step's parts are numbered in
+    sequence order (a sequence's in key order); program (kv_head, p) takes parts p, p + PROGRAMS,
+    ... of its KV head. A part runs 0370's running softmax over its own key blocks for the query
+    heads that share the KV head, and leaves its maxima, sums and unnormalised outputs (float32)
+    at its number for the combine. Which program takes a part changes nothing in its bits."""
+    kv_head = tl.program_id(0)
+    kv_heads = tl.num_programs(0)
+    total = tl.zeros((), dtype=tl.int32)
+    for first in range(0, sequences, SEQ_CHUNK):
+        counted, counted_size = decode_parts(cu_q_ptr, cu_k_ptr, first + tl.arange(0, SEQ_CHUNK), sequences,
+                                             BLOCK_N, PART_BLOCKS, MAX_PARTS)
+        total += tl.sum(counted, axis=0)
+    group = tl.arange(0, BLOCK_H)
+    group_ok = group < GROUPS
+    dims = tl.arange(0, HEAD_DIM)
+    heads = (kv_head * GROUPS + group).to(tl.int64)
+    qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    for item in range(tl.program_id(1), total, PROGRAMS):
+        # the sequence whose parts hold this number: those whose parts all come before it, counted
+        seq = tl.zeros((), dtype=tl.int32)
+        before = tl.zeros((), dtype=tl.int32)  # the parts of the sequences before it
+        seen = tl.zeros((), dtype=tl.int32)
+        for first in range(0, sequences, SEQ_CHUNK):
+            chunk_parts, chunk_sizes = decode_parts(cu_q_ptr, cu_k_ptr, first + tl.arange(0, SEQ_CHUNK), sequences,
+                                                    BLOCK_N, PART_BLOCKS, MAX_PARTS)
+            ends = seen + tl.cumsum(chunk_parts, axis=0)
+            passed = ends <= item
+            seq += tl.sum(passed.to(tl.int32), axis=0)
+            before += tl.sum(tl.where(passed, chunk_parts, 0), axis=0)
+            seen += tl.sum(chunk_parts, axis=0)
+        row_parts, per_part = decode_parts(cu_q_ptr, cu_k_ptr, seq, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
+        k_start = tl.load(cu_k_ptr + seq)
+        k_len = tl.load(cu_k_ptr + seq + 1) - k_start
+        low = (item - before) * per_part * BLOCK_N
+        high = tl.minimum(low + per_part * BLOCK_N, k_len)
+        full = tl.minimum(high, (k_len // BLOCK_N) * BLOCK_N)  # blocks before it lie wholly in the sequence
+        q_row = tl.load(cu_q_ptr + seq).to(tl.int64)
+        q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                    mask=group_ok[:, None], other=0.0)
+        last = tl.full((BLOCK_H,), 0, dtype=tl.int32) + (k_len - 1)  # the one query token is the last
+        m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
+        for start in range(low, full, BLOCK_N):
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
+                                      group_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
+                                      False, INDEXED)
+        for start in range(full, high, BLOCK_N):
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
+                                      group_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
+                                      True, INDEXED)
+        slot = (item * kv_heads + kv_head).to(tl.int64)
+        tl.store(acc_ptr + (slot * BLOCK_H + group[:, None]) * HEAD_DIM + dims[None, :], acc)
+        tl.store(ml_ptr + slot * 2 * BLOCK_H + group, m_i)
+        tl.store(ml_ptr + slot * 2 * BLOCK_H + BLOCK_H + group, l_i)
+
+
+@triton.jit
+def pb_varlen_attention_decode_combine(out_ptr, acc_ptr, ml_ptr, cu_q_ptr, cu_k_ptr, sequences, stride_ot, stride_oh,
+                                       GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr, MAX_PARTS: tl.constexpr,
+                                       SEQ_CHUNK: tl.constexpr):
+    """PB_SPLIT_DECODE (0740): one program a decode row and query head merges the row's parts into
+    its output, all parts at once: the largest maximum M, each part's weight exp2(m - M), then the
+    weighted sums over MAX_PARTS slots (parts past the row's weigh 0) in the reduction's fixed order.
+    A row of one part gets 0370's bits: its sums are scaled by exactly 1 and added to zeros."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_heads = tl.num_programs(1) // GROUPS
+    kv_head = head // GROUPS
+    group = head % GROUPS
+    parts, per_part = decode_parts(cu_q_ptr, cu_k_ptr, seq, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
+    if parts > 0:
+        first_part = tl.zeros((), dtype=tl.int32)
+        for first in range(0, seq, SEQ_CHUNK):
+            ids = first + tl.arange(0, SEQ_CHUNK)
+            counts, sizes = decode_parts(cu_q_ptr, cu_k_ptr, ids, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
+            first_part += tl.sum(tl.where(ids < seq, counts, 0), axis=0)
+        index = tl.arange(0, MAX_PARTS)
+        used = index < parts
+        slots = ((first_part + index) * kv_heads + kv_head).to(tl.int64)
+        m = tl.load(ml_ptr + slots * 2 * BLOCK_H + group, mask=used, other=float("-inf"))
+        l_part = tl.load(ml_ptr + slots * 2 * BLOCK_H + BLOCK_H + group, mask=used, other=0.0)
+        dims = tl.arange(0, HEAD_DIM)
+        acc = tl.load(acc_ptr + (slots[:, None] * BLOCK_H + group) * HEAD_DIM + dims[None, :], mask=used[:, None],
+                      other=0.0)
+        top = tl.max(m, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        weight = tl.where(used, tl.exp2(m - top), 0.0)
+        total = tl.sum(l_part * weight, axis=0)
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        q_row = tl.load(cu_q_ptr + seq).to(tl.int64)
+        tl.store(out_ptr + q_row * stride_ot + head.to(tl.int64) * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
