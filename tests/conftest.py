@@ -50,10 +50,10 @@ def free_port() -> int:
 
 
 # Tiers follow the fixtures a test uses, so a test cannot land in a tier it does not belong to:
-# a built engine (a wheel build, tens of seconds the first time) marks it `build`; the tiny model
-# or a live server marks it `engine` too. What carries no tier marker is `quick`.
+# a built engine (a wheel build, tens of seconds the first time) marks it `build`; the tiny model,
+# the trained one (minutes of training the first time) or a live server marks it `engine` too. What carries no tier marker is `quick`.
 BUILD_FIXTURES = {"patched_engine", "pristine_engine"}
-ENGINE_FIXTURES = {"tiny_model", "server_on", "server_off", "server_pristine"}
+ENGINE_FIXTURES = {"tiny_model", "trained_model", "server_on", "server_off", "server_pristine"}
 TIERS = ("engine", "docker", "build", "gpu")
 
 
@@ -90,6 +90,16 @@ def patched_engine(real_series) -> build.Engine:
 @pytest.fixture(scope="session")
 def pristine_engine() -> build.Engine:
     return build.build(None, progress=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def trained_model() -> str:
+    """synthetic:trained at the default config's context, where `MODEL=synthetic:trained` serves it
+    (trained into .cache/models the first time, about eight minutes on two cores)."""
+    from patchbay.runtime import trained
+    from patchbay.runtime.models import trained_path
+
+    return str(trained.write_trained(trained_path(0, LOCAL.synth_context), seed=0, context=LOCAL.synth_context))
 
 
 @pytest.fixture(scope="session")

@@ -118,15 +118,19 @@ def cmd_rebase(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from .runtime import config, synth
+    from .runtime import config, synth, trained
 
     try:
-        if args.kind == "tiny":
+        if args.kind in ("tiny", "trained"):
             try:  # the one check of a context, the config's
                 config.Config(synth_context=args.context, source="synth --context")
             except config.ConfigError as e:
                 raise Fail(str(e), 2) from None
-            path = synth.write_tiny(Path(args.dir), seed=args.seed, context=args.context)
+            if args.kind == "tiny":
+                path = synth.write_tiny(Path(args.dir), seed=args.seed, context=args.context)
+            else:
+                path = trained.write_trained(Path(args.dir), seed=args.seed, context=args.context,
+                                             log=lambda line: print(f"training: {line}", flush=True))
         else:
             import torch
 
@@ -136,7 +140,7 @@ def cmd_synth(args) -> int:
             path = synth.write_air(Path(args.dir), args.kind, seed=args.seed, device=args.device)
     except ValueError as e:
         raise Fail(str(e), 2) from None
-    context = f", context {args.context}" if args.kind == "tiny" else ""
+    context = f", context {args.context}" if args.kind in ("tiny", "trained") else ""
     print(f"wrote synthetic:{args.kind} (seed {args.seed}{context}) to {path}")
     return 0
 
@@ -227,11 +231,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="write the Markdown report here (default: print it)")
     r.add_argument("--check", action="store_true", help="with --out: only report whether that report is stale")
     s = verb("synth", cmd_synth, "write a seeded synthetic checkpoint")
-    s.add_argument("kind", choices=["tiny", "air12", "air24"])
+    s.add_argument("kind", choices=["tiny", "trained", "air12", "air24"],
+                   help="trained: a small model trained here to copy (about eight minutes on two cores)")
     s.add_argument("dir")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--context", type=int, default=_default_context(),
-                   help="tiny: the context in tokens (default: the embedded default's, %(default)s)")
+                   help="tiny, trained: the context in tokens (default: the embedded default's, %(default)s)")
     s.add_argument("--device", default="cuda", help="where air12/air24 are built before saving (default: cuda)")
     dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
     dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")

@@ -31,14 +31,14 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    model: str = "synthetic:tiny"  # synthetic:tiny, or a local checkpoint folder
+    model: str = "synthetic:tiny"  # synthetic:tiny or synthetic:trained, or a local checkpoint folder
     host: str = "127.0.0.1"
     port: int = 8000
     runtime: str = "local"  # local: a process on this machine; docker: containers on HEAD (and WORKER)
     device: str = "cpu"  # passed to `transformers serve --device`
     continuous_batching: bool = True
     synth_seed: int = 0
-    # MODEL=synthetic:tiny's context in tokens (its max_position_embeddings and the tokenizer's
+    # MODEL=synthetic:tiny's (and trained's) context in tokens (its max_position_embeddings and the tokenizer's
     # model_max_length; no weight depends on it). Coding agents send 10K-30K tokens at once.
     synth_context: int = 65536
     ready_timeout: int = 600  # seconds for the first streamed token after start
@@ -139,9 +139,10 @@ class Config:
             raise ConfigError(f"{where}: HOST={self.host} is reachable from other machines but no key is set: set "
                               "API_KEY_FILE=/path/to/key (with PB_AUTH=1), or ALLOW_UNAUTHENTICATED=1 to serve "
                               "without one")
-        if not (self.model == "synthetic:tiny" or self.model.startswith("/") or self.model.startswith(".")):
-            raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny or a local checkpoint "
-                              "folder (an absolute path, or one starting with ./)")
+        if not (self.model in ("synthetic:tiny", "synthetic:trained") or self.model.startswith("/")
+                or self.model.startswith(".")):
+            raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny, synthetic:trained or a local "
+                              "checkpoint folder (an absolute path, or one starting with ./)")
 
     @property
     def run_path(self) -> Path:

@@ -44,7 +44,7 @@ class Docker:
     def model(self) -> str:
         """The checkpoint path on every node (the synthetic model is written here first); whether
         it exists on each node is preflight's to say."""
-        if self.cfg.model == "synthetic:tiny":
+        if self.cfg.model.startswith("synthetic:"):
             return model_path(self.cfg)
         return str(Path(self.cfg.model).resolve())
 
