@@ -232,7 +232,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="with --out: only report whether that report is stale")
     s = verb("synth", cmd_synth, "write a seeded synthetic checkpoint")
     s.add_argument("kind", choices=["tiny", "trained", "air12", "air24"],
-                   help="trained: a small model trained here to copy (about eight minutes on two cores)")
+                   help="trained: a small model that copies (the shipped checkpoint; other seeds train here)")
     s.add_argument("dir")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--context", type=int, default=_default_context(),

@@ -22,7 +22,7 @@ def trained_path(seed: int, context: int) -> Path:
 
 def model_path(cfg: Config) -> str:
     """The checkpoint folder cfg serves: a synthetic model is written on first use (synthetic:trained
-    is trained then, about eight minutes on two cores)."""
+    is installed from the shipped checkpoint, or trained here for a seed that ships none)."""
     if cfg.model == "synthetic:tiny":
         from . import synth
 

@@ -1,17 +1,22 @@
-"""`synthetic:trained`: a small glm4_moe trained here on Python standard-library sources, long
-enough to learn to copy what it has seen in its context.
+"""`synthetic:trained`: a small glm4_moe trained on Python standard-library sources until it copies
+what it has seen in its context.
 
 The other synthetic models have random weights: their replies are noise, so a drafter that guesses
 the next tokens from the prompt can never be right, and a reply cannot be read for sense. This one
 is trained on the interpreter's own library sources (nothing is downloaded) with the tokenizer of
-`synthetic:tiny`. Half of every batch is a window of text shown twice in a row, so the model learns
-to continue a passage it has already read: an edit of a given file comes back as a copy, which is
-what prompt-lookup drafting and prefix reuse are measured on.
+`synthetic:tiny`, by the loop in `trainer` (see there for the batches that teach it to copy).
 
-Training is deterministic from the seed on one machine: a fixed thread count, a seeded generator
-for the batches and for the initial weights. It takes about eight minutes on two CPU cores; the
-checkpoint (about 5.4 MB of float32) is kept under .cache/models and rebuilt only when its marker
-does not match (another seed, recipe, corpus or chat template).
+Two CPU cores are too slow to teach a model to copy, so the checkpoint of seed 0 is trained on a GPU
+and shipped in the package (SHIPPED, bfloat16, with its tokenizer and training record):
+
+1. `write_bundle(DIR)` here: the corpus as token ids, the trainer as a script and its launcher
+   (scripts/train-trained-gpu.sh); the GPU machine needs neither tokenizer nor patchbay.
+2. On the GPU: `scripts/train-trained-gpu.sh DIR OUT` (about four minutes on one H200).
+3. `ship(OUT)` here: checks the record against this tokenizer and writes SHIPPED.
+
+`write_trained` installs SHIPPED (in float32, at the asked context) where its seed is asked for;
+any other seed, or an explicit recipe, is trained on this machine's CPU (CPU_RECIPE: about eight
+minutes on two cores, and it does not learn to copy in that time).
 """
 
 from __future__ import annotations
@@ -19,177 +24,144 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
+import shutil
 import sysconfig
-import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Glm4MoeConfig, Glm4MoeForCausalLM
+from transformers import GenerationConfig, Glm4MoeForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from . import synth
+from . import synth, trainer
+from .trainer import Recipe, copy_accuracy
 
 TRAINED = "synthetic:trained"
+ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = Path(__file__).resolve().parent / "data" / "trained"
+LAUNCHER = ROOT / "scripts" / "train-trained-gpu.sh"
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "training.json", "train.log")
+SHIPPED_MAX_BYTES = 20_000_000
+# What the shipped checkpoint was trained with (on a GPU): trainer.RECIPE.
+RECIPE = trainer.RECIPE
+# The WIP recipe that fits two CPU cores (1.35 M parameters, 1,200 steps of 16 x 256 tokens): used
+# for seeds that ship no checkpoint.
+CPU_RECIPE = dataclasses.replace(RECIPE, hidden=128, layers=2, heads=4, intermediate=256, moe_intermediate=64,
+                                 batch=16, copies=5, shuffled=5, length=256, lr=3e-3, warmup=50, steps=1200,
+                                 eval_every=100)
+HELD_OUT = slice(120, 130)  # of library_files(): ten sources no recipe trains on
+# Folders of the standard library that hold tests, generated tables or other installs' files.
+SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "encodings"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """How the model is trained; every field goes into the marker, so a change retrains."""
-
-    files: int = 120  # the first this many library sources of at least min_bytes, by name
-    min_bytes: int = 4000
-    steps: int = 1200
-    batch: int = 16  # sequences a step
-    copies: int = 5  # of them a span of text repeated to the length
-    shuffled: int = 5  # of them a span of the corpus's tokens drawn at random, repeated to the length
-    min_span: int = 16  # the shortest span repeated (the longest: half the length)
-    length: int = 256  # tokens a sequence
-    lr: float = 3e-3
-    warmup: int = 50  # steps of linear warm-up, then a cosine down to 0
-    clip: float = 1.0
-    threads: int = 2  # torch CPU threads while training: the reduction order, so the bits
-
-
-RECIPE = Recipe()
-
-
-def trained_config(vocab_size: int, stop: list[int], pad: int, context: int) -> Glm4MoeConfig:
-    """tiny's features (dense first layer, shared and four routed experts, GQA, partial rotary,
-    q/k/v biases) a little wider: 1.35 M parameters with the 4,000-token vocabulary."""
-    return Glm4MoeConfig(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=256,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        moe_intermediate_size=64,
-        partial_rotary_factor=0.5,
-        max_position_embeddings=context,  # no weight depends on it; trained on 256-token windows
-        attention_bias=True,
-        initializer_range=0.02,
-        tie_word_embeddings=False,
-        num_mtp_layers=0,
-        eos_token_id=stop,
-        pad_token_id=pad,
-        dtype="float32",
-    )
-
-
-def library_files(recipe: Recipe = RECIPE) -> list[Path]:
-    """The training sources (by name) followed by those held out: every top-level .py file of
-    the standard library of at least min_bytes."""
+def library_files() -> list[Path]:
+    """Every top-level .py file of the standard library of at least 4,000 bytes, by name."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return [p for p in sorted(root.glob("*.py")) if p.stat().st_size >= recipe.min_bytes]
+    return [p for p in sorted(root.glob("*.py")) if p.stat().st_size >= 4000]
 
 
-def corpus_sha256(recipe: Recipe = RECIPE) -> str:
-    """sha256 over the training files' names and bytes."""
+def held_out_files() -> list[Path]:
+    return library_files()[HELD_OUT]
+
+
+def training_files() -> list[Path]:
+    """Every .py file of the standard library outside SKIPPED_DIRS, by path, except those held out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    held = set(held_out_files())
+    return [p for p in sorted(root.rglob("*.py"))
+            if not set(p.relative_to(root).parts[:-1]) & SKIPPED_DIRS and p not in held]
+
+
+def corpus_sha256(files: list[Path]) -> str:
+    """sha256 over the files' names (from the library's root) and bytes."""
+    root = Path(sysconfig.get_paths()["stdlib"])
     digest = hashlib.sha256()
-    for path in library_files(recipe)[:recipe.files]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def corpus(tok, recipe: Recipe = RECIPE) -> tuple[torch.Tensor, torch.Tensor]:
-    """(training token ids, held-out token ids: the ten files after the training ones)."""
-    train, held = [], []
-    for i, path in enumerate(library_files(recipe)[:recipe.files + 10]):
-        ids = tok.backend_tokenizer.encode(path.read_text(errors="replace"), add_special_tokens=False).ids
-        (train if i < recipe.files else held).extend(ids)
-    return torch.tensor(train), torch.tensor(held)
+def encode(tok, files: list[Path]) -> torch.Tensor:
+    ids = []
+    for path in files:
+        ids.extend(tok.backend_tokenizer.encode(path.read_text(errors="replace"), add_special_tokens=False).ids)
+    return torch.tensor(ids)
 
 
-def batch(tokens: torch.Tensor, generator: torch.Generator, recipe: Recipe = RECIPE) -> torch.Tensor:
-    """One training batch of `batch` rows of `length` tokens: plain windows of text, then `copies`
-    rows of a span of text repeated to the length, then `shuffled` rows of a span of the corpus's
-    tokens drawn at random, repeated. Each span's length is drawn from min_span to half the length,
-    so only copying by content predicts a repeat (a fixed period would teach the model to look a
-    fixed distance back instead); the shuffled spans can only be predicted by copying."""
-    plain = recipe.batch - recipe.copies - recipe.shuffled
-    rows = []
-    for row in range(recipe.batch):
-        if row < plain:
-            start = int(torch.randint(0, len(tokens) - recipe.length, (1,), generator=generator))
-            rows.append(tokens[start:start + recipe.length])
-            continue
-        span = int(torch.randint(recipe.min_span, recipe.length // 2 + 1, (1,), generator=generator))
-        if row < plain + recipe.copies:
-            start = int(torch.randint(0, len(tokens) - span, (1,), generator=generator))
-            piece = tokens[start:start + span]
-        else:
-            piece = tokens[torch.randint(0, len(tokens), (span,), generator=generator)]
-        rows.append(piece.repeat(-(-recipe.length // span))[:recipe.length])
-    return torch.stack(rows)
+def tokenizer_sha256(tok) -> str:
+    """sha256 of the tokenizer's vocabulary, merges and special tokens: what the weights' ids mean."""
+    return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()
 
 
-def copy_accuracy(model, tokens: torch.Tensor, spans: int = 8, half: int = 64) -> float:
-    """How often the model's top token is the right one in the second showing of a span it has
-    just read (teacher-forced, spans of `half` tokens of `tokens`, evenly spaced)."""
-    step = max(1, (len(tokens) - half) // spans)
-    seqs = torch.stack([tokens[i * step:i * step + half].repeat(2) for i in range(spans)])
-    with torch.no_grad():
-        logits = model(input_ids=seqs).logits
-    guess = logits[:, half - 1:-1].argmax(-1)
-    return (guess == seqs[:, half:]).float().mean().item()
+def corpus_meta(tok, files: list[Path], context: int) -> dict[str, str]:
+    """What trainer.train needs of the tokenizer and the corpus, as the corpus file's metadata."""
+    return {"vocab_size": str(len(tok)), "stop": json.dumps(synth.stop_ids(tok)), "pad": str(tok.pad_token_id),
+            "context": str(context), "corpus_sha256": corpus_sha256(files), "tokenizer_sha256": tokenizer_sha256(tok)}
 
 
-def train(seed: int, context: int, recipe: Recipe = RECIPE, log=None):
-    """The trained model (in eval mode), its tokenizer, and what the marker records of the run."""
+def write_corpus(path: str | os.PathLike, context: int = synth.TINY_CONTEXT, files: list[Path] | None = None) -> Path:
+    """The corpus file the trainer reads: training and held-out token ids (int16: the vocabulary
+    has 4,000 entries) and corpus_meta."""
+    from safetensors.torch import save_file
+
+    tok = synth.build_tokenizer(0, context)
+    files = training_files() if files is None else files
+    tensors = {"train": encode(tok, files).to(torch.int16), "held": encode(tok, held_out_files()).to(torch.int16)}
+    save_file(tensors, str(path), metadata=corpus_meta(tok, files, context))
+    return Path(path)
+
+
+def write_bundle(dest: str | os.PathLike) -> Path:
+    """What a GPU machine needs to train the shipped checkpoint, but the wheels (LAUNCHER says
+    which): corpus.safetensors, train_gpu.py (the trainer) and train_gpu.sh (the launcher)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    write_corpus(dest / "corpus.safetensors", context=65536)  # the served default's; no weight depends on it
+    shutil.copyfile(trainer.__file__, dest / "train_gpu.py")
+    shutil.copyfile(LAUNCHER, dest / "train_gpu.sh")
+    os.chmod(dest / "train_gpu.sh", 0o755)
+    return dest
+
+
+def ship(src: str | os.PathLike, dest: str | os.PathLike = SHIPPED) -> Path:
+    """Write the trainer's output `src` (a GPU run's OUT) with the tokenizer it was trained with
+    into `dest`, refusing a run of another tokenizer or one over SHIPPED_MAX_BYTES."""
+    src, dest = Path(src), Path(dest)
+    record = json.loads((src / "training.json").read_text())
+    tok = synth.build_tokenizer(record["seed"], int(record["context"]))
+    if record["tokenizer_sha256"] != tokenizer_sha256(tok):
+        raise ValueError(f"{src}: trained with another tokenizer (sha256 {record['tokenizer_sha256']}) than this "
+                         f"interpreter's library builds ({tokenizer_sha256(tok)}); ship it from where its bundle was made")
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.iterdir():
+        old.unlink()
+    for name in SHIPPED_FILES:
+        shutil.copyfile(src / name, dest / name)
+    tok.save_pretrained(dest)
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    if size > SHIPPED_MAX_BYTES:
+        raise ValueError(f"{dest}: {size:,} bytes, over the {SHIPPED_MAX_BYTES:,} a shipped checkpoint may take")
+    return dest
+
+
+def shipped_record(shipped: Path = SHIPPED) -> dict | None:
+    """The training record of the shipped checkpoint, or None where none is shipped."""
+    if not (shipped / "model.safetensors").is_file():
+        return None
+    return synth._read_json(shipped / "training.json")
+
+
+def train(seed: int, context: int, recipe: Recipe = CPU_RECIPE, files: list[Path] | None = None, log=None):
+    """Train on this machine's CPU: the model (float32, eval mode), its tokenizer, and the figures."""
     tok = synth.build_tokenizer(seed, context)
-    stop = synth.stop_ids(tok)
-    tokens, held = corpus(tok, recipe)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.threads)
-    try:
-        torch.manual_seed(seed)
-        model = Glm4MoeForCausalLM(trained_config(len(tok), stop, tok.pad_token_id, context))
-        generator = torch.Generator().manual_seed(seed)
-        optim = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
-
-        def rate(step: int) -> float:
-            if step < recipe.warmup:
-                return (step + 1) / recipe.warmup
-            done = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-            return 0.5 * (1 + math.cos(math.pi * done))
-
-        schedule = torch.optim.lr_scheduler.LambdaLR(optim, rate)
-        model.train()
-        began, loss = time.monotonic(), float("nan")
-        for step in range(recipe.steps):
-            ids = batch(tokens, generator, recipe)
-            loss = model(input_ids=ids, labels=ids).loss
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            optim.step()
-            schedule.step()
-            if log is not None and (step % 100 == 0 or step == recipe.steps - 1):
-                model.eval()
-                copying = copy_accuracy(model, held)
-                model.train()
-                log(f"step {step}: loss {loss.item():.3f}, copies {copying:.3f} of held-out tokens "
-                    f"({time.monotonic() - began:.0f} s)")
-        model.eval()
-        stats = {"final_loss": round(loss.item(), 4), "copy_accuracy_held_out": round(copy_accuracy(model, held), 4),
-                 "train_seconds": round(time.monotonic() - began, 1), "train_tokens": len(tokens)}
-    finally:
-        torch.set_num_threads(threads)
-    model.generation_config = GenerationConfig(do_sample=False, eos_token_id=stop, pad_token_id=tok.pad_token_id)
-    return model, tok, stats
+    files = training_files() if files is None else files
+    meta = corpus_meta(tok, files, context)
+    model, stats = trainer.train(encode(tok, files), encode(tok, held_out_files()), meta, recipe, seed=seed, log=log)
+    return model, tok, {**stats, "corpus_sha256": meta["corpus_sha256"]}
 
 
-def _marker(seed: int, context: int, corpus_sha: str, recipe: Recipe) -> dict:
-    return {"model": TRAINED, "seed": seed, "context": context, "corpus_sha256": corpus_sha,
-            "tokenizer_corpus_sha256": synth.corpus_texts()[1], "template_sha256": synth.template_sha256(),
-            "recipe": dataclasses.asdict(recipe), "torch": torch.__version__}
+def _marker(seed: int, context: int, source: dict) -> dict:
+    return {"model": TRAINED, "seed": seed, "context": context, "template_sha256": synth.template_sha256(), **source}
 
 
 def read_marker(path: Path) -> dict | None:
@@ -198,30 +170,59 @@ def read_marker(path: Path) -> dict | None:
     return marker if marker is not None and marker.get("model") == TRAINED else None
 
 
+def _save(model, tok, tmp: Path, marker: dict) -> None:
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(tmp)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    tok.save_pretrained(tmp)
+    (tmp / synth.MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _install(shipped: Path, tmp: Path, context: int, marker: dict) -> None:
+    """The shipped checkpoint in float32 at `context`, its copy accuracy measured here."""
+    model = Glm4MoeForCausalLM.from_pretrained(shipped, dtype=torch.float32).eval()
+    model.config.max_position_embeddings = context  # no weight depends on it
+    stop = model.config.eos_token_id
+    tok = PreTrainedTokenizerFast.from_pretrained(shipped, model_max_length=context)
+    tok.chat_template = synth.CHAT_TEMPLATE
+    model.generation_config = GenerationConfig(do_sample=False, eos_token_id=stop, pad_token_id=tok.pad_token_id)
+    record = json.loads((shipped / "training.json").read_text())
+    figures = {k: record[k] for k in ("params", "steps", "final_loss", "train_seconds", "device") if k in record}
+    accuracy = round(copy_accuracy(model, encode(tok, held_out_files())), 4)
+    _save(model, tok, tmp, {**marker, **figures, "copy_accuracy_held_out": accuracy})
+
+
 def write_trained(out_dir: str | os.PathLike, seed: int = 0, context: int = synth.TINY_CONTEXT,
-                  recipe: Recipe = RECIPE, log=None) -> Path:
-    """Train `synthetic:trained` for `seed` into `out_dir` (its path), unless a checkpoint of the
-    same seed, context, recipe, corpus, tokenizer and torch is already there. Another trained
-    checkpoint there is replaced; any other non-empty folder is refused (it may hold user files)."""
-    out = Path(out_dir)
+                  recipe: Recipe | None = None, shipped: str | os.PathLike = SHIPPED, log=None) -> Path:
+    """`synthetic:trained` for `seed` into `out_dir` (its path): the shipped checkpoint where it is
+    of that seed and no recipe is given, else trained here on the CPU (`recipe`, CPU_RECIPE unless
+    given). A checkpoint already there from the same source, seed and context is kept; another
+    trained checkpoint there is replaced; any other non-empty folder is refused (it may hold user files)."""
+    out, shipped = Path(out_dir), Path(shipped)
     marker = read_marker(out)
     synth._check_target(out, ours=marker is not None)
-    want = _marker(seed, context, corpus_sha256(recipe), recipe)
+    record = shipped_record(shipped) if recipe is None else None
+    if record is not None and record.get("seed") == seed:
+        digest = hashlib.sha256((shipped / "model.safetensors").read_bytes()).hexdigest()
+        want = _marker(seed, context, {"source": "shipped", "weights_sha256": digest})
+        if marker is not None and all(marker.get(k) == v for k, v in want.items()):
+            return out
+        return synth._write_checkpoint(out, lambda tmp: _install(shipped, tmp, context, want))
+    recipe = CPU_RECIPE if recipe is None else recipe
+    files = training_files()
+    want = _marker(seed, context, {"source": "cpu", "corpus_sha256": corpus_sha256(files),
+                                   "tokenizer_corpus_sha256": synth.corpus_texts()[1],
+                                   "recipe": dataclasses.asdict(recipe), "torch": torch.__version__})
     if marker is not None and all(marker.get(k) == v for k, v in want.items()):
         return out
 
     def save(tmp: Path) -> None:
-        model, tok_, stats = train(seed, context, recipe, log=log)
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model.save_pretrained(tmp)
-        finally:
-            if bar:
-                hf_logging.enable_progress_bar()
-        tok_.save_pretrained(tmp)
-        params = sum(p.numel() for p in model.parameters())
-        (tmp / synth.MARKER).write_text(json.dumps({**want, "params": params,
-                                                    **stats}, indent=2) + "\n")
+        model, tok, stats = train(seed, context, recipe, files, log=log)
+        stats.pop("history")
+        _save(model, tok, tmp, {**want, "params": sum(p.numel() for p in model.parameters()), **stats})
 
     return synth._write_checkpoint(out, save)
