@@ -119,7 +119,9 @@ def test_the_shipped_checkpoint_copies_what_it_has_read(trained_model):
     marker = json.loads((path / synth.MARKER).read_text())
     assert marker["model"] == "synthetic:trained" and marker["seed"] == 0 and marker["source"] == "shipped"
     record = trained.shipped_record()
-    assert record["recipe"] == dataclasses.asdict(trainer.RECIPE)
+    budget = ("steps", "seconds")  # how long it ran is in the record; the rest is the recipe
+    assert {k: v for k, v in record["recipe"].items() if k not in budget} == \
+        {k: v for k, v in dataclasses.asdict(trainer.RECIPE).items() if k not in budget}
     assert sum(p.stat().st_size for p in trained.SHIPPED.iterdir()) <= trained.SHIPPED_MAX_BYTES
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
