@@ -10,8 +10,9 @@ Two CPU cores are too slow to teach a model to copy, so the checkpoint of seed 0
 and shipped in the package (SHIPPED, bfloat16, with its tokenizer and training record):
 
 1. `write_bundle(DIR)` here: the corpus as token ids, the trainer as a script and its launcher
-   (scripts/train-trained-gpu.sh); the GPU machine needs neither tokenizer nor patchbay.
-2. On the GPU: `scripts/train-trained-gpu.sh DIR OUT` (about four minutes on one H200).
+   (scripts/train-trained-gpu.sh), plus the wheels the launcher names; the GPU machine needs
+   neither tokenizer nor patchbay.
+2. On the GPU: `DIR/train_gpu.sh OUT` (under four minutes on one H200, pip install included).
 3. `ship(OUT)` here: checks the record against this tokenizer and writes SHIPPED.
 
 `write_trained` installs SHIPPED (in float32, at the asked context) where its seed is asked for;

@@ -194,7 +194,8 @@ def train(tokens: torch.Tensor, held: torch.Tensor, meta: dict, recipe: Recipe =
                     left = 0.95 * recipe.seconds - (time.monotonic() - began)
                     plan["steps"] = max(step + 1, step + int(left / per_step))
                     if log:
-                        log(f"{per_step * 1000:.0f} ms a step: {plan['steps']} steps planned in {recipe.seconds:.0f} s")
+                        log(f"{per_step * 1000:.0f} ms a step ({recipe.batch * recipe.length / per_step:,.0f} tokens/s): "
+                            f"{plan['steps']} steps planned in {recipe.seconds:.0f} s")
             if step % recipe.eval_every == 0 or step == plan["steps"]:
                 model.eval()
                 copying = copy_accuracy(model, held)
