@@ -207,7 +207,8 @@ def train(tokens: torch.Tensor, held: torch.Tensor, meta: dict, recipe: Recipe =
                         f"({time.monotonic() - began:.0f} s)")
             if recipe.steps == 0 and time.monotonic() - began > 1.2 * recipe.seconds:
                 if log:
-                    log(f"stopped at step {step} of {plan['steps']}: past 1.2 x {recipe.seconds:.0f} s")
+                    planned = plan["steps"] or "those not yet planned"
+                    log(f"stopped at step {step} of {planned}: past 1.2 x {recipe.seconds:.0f} s")
                 break
         model.eval()
         stats = {"steps": step, "final_loss": round(loss.item(), 4),
