@@ -16,8 +16,8 @@ from patchbay.runtime import synth, trained, trainer
 from ..conftest import ALL_ON, Server
 
 # The shipped checkpoint's held-out copy accuracy (trainer.copy_accuracy, measured here on the CPU)
-# must stay above this. To be set from the GPU run's figure once its weights are shipped.
-SHIPPED_MIN_COPY_ACCURACY = 0.9
+# must stay above this: the H200 run that made it measured 0.875 (W41); untrained weights copy 0.03.
+SHIPPED_MIN_COPY_ACCURACY = 0.8
 
 # A recipe small enough to train twice in seconds: what it learns does not matter here, its bits do.
 SHORT = dataclasses.replace(trained.CPU_RECIPE, batch=4, copies=1, shuffled=1, length=64, steps=6, warmup=2)
