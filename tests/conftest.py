@@ -95,13 +95,11 @@ def pristine_engine() -> build.Engine:
 @pytest.fixture(scope="session")
 def trained_model() -> str:
     """synthetic:trained at the default config's context, where `MODEL=synthetic:trained` serves it:
-    the shipped checkpoint, installed into .cache/models (seconds). Skips where none is shipped yet
-    (training it on two cores takes minutes and does not teach it to copy)."""
+    the shipped checkpoint, installed into .cache/models (seconds)."""
     from patchbay.runtime import trained
     from patchbay.runtime.models import trained_path
 
-    if trained.shipped_record() is None:
-        pytest.skip(f"no shipped synthetic:trained in {trained.SHIPPED} (patchbay.runtime.trained says how to make it)")
+    assert trained.shipped_record() is not None, f"no shipped synthetic:trained in {trained.SHIPPED}"
     return str(trained.write_trained(trained_path(0, LOCAL.synth_context), seed=0, context=LOCAL.synth_context))
 
 
