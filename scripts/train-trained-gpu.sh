@@ -12,5 +12,5 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:?usage: train_gpu.sh OUT [trainer arguments...]}"; shift
 site=/tmp/pb-trained-site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$here"/wheels/*.whl
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec python3 "$here/train_gpu.py" --corpus "$here/corpus.safetensors" --out "$out" "$@"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -u "$here/train_gpu.py" --corpus "$here/corpus.safetensors" --out "$out" "$@"
