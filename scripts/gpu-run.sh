@@ -7,7 +7,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engine="${1:?usage: scripts/gpu-run.sh upstream|patched CMD...}"; shift
 site=/tmp/pb-site
-if [ ! -f "$site/.done" ]; then
+# A warm machine keeps /tmp between calls: install again when the carried wheels are not the ones
+# installed (the patched engine's name carries its build id).
+stamp="$(cd "$root/.whl" && ls *.whl | sort | tr '\n' ' ')"
+if [ "$(cat "$site/.done" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$site" /tmp/pb-engine-patched /tmp/pb-engine-upstream
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
         $(ls "$root"/.whl/*.whl | grep -v '/transformers-')
     for wheel in "$root"/.whl/transformers-*.whl; do
@@ -17,7 +21,7 @@ if [ ! -f "$site/.done" ]; then
         esac
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dest" "$wheel"
     done
-    touch "$site/.done"
+    mkdir -p "$site" && echo "$stamp" > "$site/.done"
 fi
 export PYTHONPATH="/tmp/pb-engine-$engine:$site:$root/src"
 # The engine's process environment, NVLink multicast off for the ranks a job starts (patchbay.runtime.procenv).
