@@ -73,15 +73,17 @@ report["invariant_gemm_prompt"] = compile_for_sm90(
     {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
      "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"},
     pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3, (128, 128))
-# 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide), pointer loads (0400 off)
+# 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide), pointer loads (0400 off),
+# the step's own keys (0750 off: idx_ptr unread)
 attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": "*bf16",
-            "v_desc": "*bf16", "cu_q_ptr": "*i32",
+            "v_desc": "*bf16", "idx_ptr": "*i32", "cu_q_ptr": "*i32",
             "cu_k_ptr": "*i32", "block_end_ptr": "*i32", "sequences": "i32", "scale": "fp32", "stride_qt": "i32",
             "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
             "stride_ot": "i32", "stride_oh": "i32", "GROUPS": "constexpr", "HEAD_DIM": "constexpr",
-            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr", "FAST": "constexpr"}
+            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr", "FAST": "constexpr",
+            "INDEXED": "constexpr"}
 report["varlen_attention_prompt"] = compile_for_sm90(
     attention_kernels.pb_varlen_attention, attn_sig,
-    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False},
+    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False, "INDEXED": False},
     pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
 print(json.dumps(report))
