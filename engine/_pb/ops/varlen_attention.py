@@ -34,6 +34,16 @@ PB_VARLEN_FAST (0400, on top of this knob) changes only the prompt blocks' kerne
 come through TMA descriptors, and the running softmax scales the raw scores inside the exponent's
 FMA. On an H200 one 8K prompt's layer took 3.15 ms against 4.02 (W13 launch-sweep-5); where TMA
 cannot read the step's keys (an address or stride off 16 bytes) the blocks take the pointer path.
+
+PB_SPLIT_DECODE (0740) changes only the decode rows: a row's keys are attended in parts of about
+PART_BLOCKS blocks (at most MAX_PARTS), a count that follows from the row's own key count, by a
+fixed grid of programs that take the step's parts in turn; a second kernel merges a row's parts.
+At one stream 0370's decode kernel runs 8 programs (one a KV head) over the whole context: after a
+32K-token prompt production decoded at 0.28 of the roofline (W34), with 0740 and 0750 at 0.63 (W39).
+
+PB_CACHE_READ (0750) lets the kernels read the cache's own pages through the step's read index
+(`forward_from_cache`, in place of the cache's update), instead of upstream's gather of every key
+the step reads into a new tensor; same bits, a gather less a layer and step.
 """
 
 import functools
@@ -174,7 +184,7 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
     the parts spread over the GPU, then merged in key order (see the module's text)."""
     kv_heads, dim = key.shape[1], query.shape[-1]
     block_h = max(16, pow2(groups))
-    # every part but a row's last holds PART_BLOCKS or more blocks: this many parts at most
+    # a row of b key blocks has at most ceil(b / PART_BLOCKS) parts: over the step, this many at most
     slots = (2 * sequences + keys // (BLOCK_N * PART_BLOCKS) + 1) * kv_heads
     acc = torch.empty((slots, block_h, dim), dtype=torch.float32, device=query.device)
     ml = torch.empty((slots, 2, block_h), dtype=torch.float32, device=query.device)
