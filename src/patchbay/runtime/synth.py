@@ -394,15 +394,7 @@ def _save_tiny(out: Path, seed: int, context: int) -> None:
     model.generation_config = GenerationConfig(
         do_sample=False, eos_token_id=stop, pad_token_id=tok.pad_token_id
     )
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a one-shard write needs no progress bar
-    try:
-        # Writes GLM's on-disk layout (one tensor per expert), sorted, with fixed metadata.
-        model.save_pretrained(out)
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
-    tok.save_pretrained(out)
+    save_checkpoint(model, tok, out)
     params = sum(p.numel() for p in model.parameters())
     marker = _marker(seed, corpus_texts()[1], params, context)
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
@@ -422,3 +414,16 @@ def write_tiny(out_dir: str | os.PathLike, seed: int = 0, context: int = TINY_CO
             and marker.get("template_sha256") == template_sha256() and marker.get("context", 512) == context):
         return out
     return _write_checkpoint(out, lambda tmp: _save_tiny(tmp, seed, context))
+
+
+def save_checkpoint(model, tok, out: Path) -> None:
+    """The model and its tokenizer into `out`, without the progress bar a one-shard write needs
+    not; the model in GLM's on-disk layout (one tensor per expert), sorted, with fixed metadata."""
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    tok.save_pretrained(out)

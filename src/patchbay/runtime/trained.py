@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, Glm4MoeForCausalLM, PreTrainedTokenizerFast
-from transformers.utils import logging as hf_logging
 
 from . import synth, trainer
 from .trainer import Recipe, copy_accuracy
@@ -172,14 +171,7 @@ def read_marker(path: Path) -> dict | None:
 
 
 def _save(model, tok, tmp: Path, marker: dict) -> None:
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(tmp)
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
-    tok.save_pretrained(tmp)
+    synth.save_checkpoint(model, tok, tmp)
     (tmp / synth.MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
