@@ -74,7 +74,10 @@ def test_counters_move_by_what_the_responses_said(server_on):
     assert delta(before, after, "pb_prompt_tokens_total") == whole["usage"]["prompt_tokens"] + streamed["prompt_tokens"]
     assert delta(before, after, "pb_completion_tokens_total") == \
         whole["usage"]["completion_tokens"] + streamed["completion_tokens"]
-    assert delta(before, after, "pb_time_to_first_token_seconds_count") == 2  # one a request, streamed or not
+    for phase in ("pb_time_to_first_token_seconds", "pb_request_admit_seconds", "pb_request_queue_seconds"):
+        assert delta(before, after, f"{phase}_count") == 2  # one a request, streamed or not
+    assert 0 < delta(before, after, "pb_request_admit_seconds_sum") + delta(before, after, "pb_request_queue_seconds_sum") \
+        < delta(before, after, "pb_time_to_first_token_seconds_sum")
     # Every streamed token after the first is one gap; the reply that was not streamed adds none.
     assert delta(before, after, "pb_inter_token_seconds_count") == streamed["completion_tokens"] - 1
     assert delta(before, after, "pb_errors_total", code="400") == 0
@@ -137,6 +140,8 @@ def test_log_line_matches_the_response(server_on):
     assert line["fingerprint"] == body["pb_fingerprint"]
     assert line["finish_reason"] == body["choices"][0]["finish_reason"]
     assert 0 < line["ttft_s"] <= line["duration_s"]
+    # the first token's time begins with its way into the engine and its wait there
+    assert 0 < line["admit_s"] and 0 <= line["queue_s"] and line["admit_s"] + line["queue_s"] < line["ttft_s"]
 
     *_, finish, final = stream(server_on, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5, "stream_options":
                                                                    {"include_usage": True}},

@@ -2,7 +2,8 @@
 
 - `GET /metrics`: Prometheus' text format from a registry of its own. Requests by route and
   status, prompt and completion tokens, time to first token, the gaps between streamed
-  tokens, request durations, errors by code, the prefix cache's hit tokens; and, read from the
+  tokens, request durations, errors by code, the prefix cache's hit tokens, the two phases
+  before a request's first step (its way into the engine, its wait there); and, read from the
   live engine at scrape time, requests running and waiting, the paged cache's blocks and the
   GPU memory torch's allocator holds.
 - `GET /health`: upstream's status (503 with its reason when the batching worker died), plus
@@ -12,7 +13,11 @@
 
 Route, status, tokens, fingerprint and finish reason are read from the response as it leaves
 (a middleware), so they are what the client got; the engine's two hooks add what only it
-sees: when tokens came out. Every record lives while its request does.
+sees: when tokens came out, and when the request entered the engine and was first scheduled.
+A first token's time is then three phases: `admit_s` (arrival to the engine's queue: the body,
+the chat template, the tokenizer), `queue_s` (the queue to the first step that holds the
+request) and the rest (the steps that compute its first token, and its way out). Every record
+lives while its request does.
 """
 
 import asyncio
@@ -44,12 +49,14 @@ _started = 0.0
 
 class _Request:
     __slots__ = ("id", "t0", "status", "sse", "done", "cancelled", "body", "prompt", "completion",
-                 "fingerprint", "finish_reason", "error_code", "engine_prompt", "seen", "last", "ttft", "gaps")
+                 "fingerprint", "finish_reason", "error_code", "engine_prompt", "seen", "last", "ttft", "gaps",
+                 "admit", "queue")
 
     def __init__(self, request_id, t0):
         self.id, self.t0 = request_id, t0
         self.status = self.fingerprint = self.finish_reason = self.error_code = None
         self.prompt = self.completion = self.engine_prompt = self.ttft = self.last = None
+        self.admit = self.queue = None
         self.sse = self.done = self.cancelled = False
         self.body = bytearray()
         self.seen = 0
@@ -103,6 +110,10 @@ class _Request:
         now = time.perf_counter()
         if self.engine_prompt is None:
             self.engine_prompt = len(output.prompt_ids)
+            # the request's state stamps its creation (add_request) and its leaving the queue
+            self.admit = output.created_time - self.t0
+            if output.lifespan[0] > 0:
+                self.queue = output.lifespan[0] - output.created_time
         new = len(output.generated_tokens) - self.seen
         if new <= 0:
             return
@@ -230,11 +241,16 @@ def finish(request: _Request, route: str) -> None:
     _m["duration"].labels(route=route).observe(duration)
     if request.ttft is not None:
         _m["ttft"].observe(max(request.ttft, 0.0))
+    if request.admit is not None:
+        _m["admit"].observe(max(request.admit, 0.0))
+    if request.queue is not None:
+        _m["queue"].observe(max(request.queue, 0.0))
     if request.sse:
         for gap in request.gaps:
             _m["gap"].observe(gap)
     line = {"id": request.id, "route": route, "status": status, "prompt_tokens": prompt,
-            "completion_tokens": completion, "ttft_s": _round(request.ttft), "duration_s": _round(duration),
+            "completion_tokens": completion, "ttft_s": _round(request.ttft), "admit_s": _round(request.admit),
+            "queue_s": _round(request.queue), "duration_s": _round(duration),
             "fingerprint": request.fingerprint, "finish_reason": request.finish_reason,
             "cancelled": request.cancelled}
     if request.error_code:
@@ -332,6 +348,10 @@ def _make(generation_state) -> dict:
                           registry=registry),
         "ttft": Histogram("pb_time_to_first_token_seconds", "From the request's arrival to its first token",
                           buckets=LATENCY_BUCKETS, registry=registry),
+        "admit": Histogram("pb_request_admit_seconds", "From the request's arrival to the engine's queue (the "
+                           "body, the chat template, the tokenizer)", buckets=LATENCY_BUCKETS, registry=registry),
+        "queue": Histogram("pb_request_queue_seconds", "In the engine's queue, until a step first holds the request",
+                           buckets=LATENCY_BUCKETS, registry=registry),
         "gap": Histogram("pb_inter_token_seconds", "Between successive streamed tokens", buckets=GAP_BUCKETS,
                          registry=registry),
         "duration": Histogram("pb_request_duration_seconds", "From the request's arrival to its last byte",
