@@ -36,8 +36,11 @@ MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>", "<think>", 
 
 @pytest.fixture(scope="module")
 def agent(patched_engine, tiny_model, tmp_path_factory):
-    """The default knob set plus forced decoding (opt-in: a testing facility)."""
-    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_FORCED_DECODING": "1"},
+    """The default knob set plus forced decoding (opt-in: a testing facility). Without 0760: its
+    tests compare two sends of one request, and a resend that reuses the first's partial block
+    computes two prompt rows where the first computed them all; on a CPU torch's products round
+    by their row count, so logprobs would differ in their last bits (the GPU's kernels do not)."""
+    server = Server(patched_engine, tiny_model, {**ALL_ON, "PB_FORCED_DECODING": "1", "PB_TAIL_REUSE": "0"},
                     tmp_path_factory.mktemp("run-agent"))
     yield server
     server.stop()

@@ -1,0 +1,124 @@
+"""0760 PB_TAIL_REUSE: a resent prompt finds every token it shares with an earlier prompt cached
+but the last two, not only the whole 256-token blocks, and replies as a cold run does.
+
+Real text (this Python's argparse source), each test opening with a line of its own so no other
+test's cache serves it. The negative controls change one token after the last whole block, or
+send another prompt: the cached count is then exactly the prefix the prompts share.
+"""
+
+import argparse
+
+import httpx
+import pytest
+
+from patchbay.runtime.models import model_path
+
+from .conftest import ALL_ON, LOCAL, Server
+from .test_prefix_reuse import ask, prompt_ids, shared
+
+pytestmark = pytest.mark.engine
+
+TEXT = open(argparse.__file__).read()[:12000]
+PAGE = 256  # the local config's tokens a block
+
+
+@pytest.fixture(scope="module")
+def server(patched_engine, tmp_path_factory):
+    """The local set plus 0760, on the embedded default model and its 256-block pool."""
+    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_TAIL_REUSE": "1"},
+               tmp_path_factory.mktemp("run-tail"))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_p": 0.95, "seed": 11}], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("size", [3000, 200], ids=["blocks", "short"])
+def test_a_resent_prompt_computes_two_tokens_and_replies_as_cold(server, settings, size):
+    content = f"Tail check ({'seeded' if settings else 'greedy'}, {size}).\n{TEXT[:size]}"
+    length = len(prompt_ids(server, content))
+    assert (length % PAGE != 0) and (size < 1000) == (length < PAGE)  # a partial block; "short": the first block's
+    cold, _, cached_cold = ask(server, content, **settings)
+    warm, length_again, cached_warm = ask(server, content, **settings)
+    again, _, cached_again = ask(server, content, **settings)
+    assert cached_cold == 0 and length_again == length
+    assert cached_warm == cached_again == length - 2
+    assert warm == cold and again == cold
+
+
+def test_a_changed_token_after_the_last_whole_block_reuses_exactly_the_shared_prefix(server):
+    chars = 4000
+    while True:  # a last block of 120 tokens or more, so the change falls inside it
+        base = f"Tail control (changed).\n{TEXT[:chars]}"
+        base_ids = prompt_ids(server, base)
+        if len(base_ids) % PAGE >= 120:
+            break
+        chars += 100
+    ask(server, base)
+    at = len(base) - 60  # well past the last whole block
+    changed = base[:at] + ("#" if base[at] != "#" else "%") + base[at + 1:]
+    common = shared(base_ids, prompt_ids(server, changed))
+    assert common // PAGE == (len(base_ids) - 1) // PAGE  # the change lies in the last, partial block
+    reply, length, cached = ask(server, changed)
+    assert cached == common < length - 2
+
+
+def test_a_growing_conversation_reuses_the_whole_previous_prompt(server):
+    first = [{"role": "user", "content": f"Tail check (conversation).\n{TEXT[:2500]}"}]
+    reply, first_length, _ = ask(server, first[0]["content"])
+    second = first + [{"role": "assistant", "content": reply[0] or ""},
+                      {"role": "user", "content": "Now say what the parser does with a bad option."}]
+    body = {"model": server.model, "messages": second, "max_tokens": 8, "temperature": 0}
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": server.model, "messages": second}, timeout=60).json()["tokens"]
+    first_ids = httpx.post(f"{server.url}/tokenize", json={"model": server.model, "messages": first},
+                           timeout=60).json()["tokens"]
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    common = shared(first_ids, ids)
+    # every token the two prompts share, up to the end of the first prompt (its reply's rows were decoded,
+    # never offered); whole blocks alone would stop at the last whole one
+    assert cached == min(common, first_length), (cached, common, first_length)
+    assert cached > first_length // PAGE * PAGE
+
+
+def test_another_prompt_reuses_only_what_it_shares(server):
+    """Prompts of one block that share their first 60-odd tokens: the second finds exactly those
+    cached. One that shares only the chat template's opening finds none (the tail is kept)."""
+    content = f"Tail control (other).\n{TEXT[:500]}"
+    ask(server, content)
+    opening = f"Tail control (opening only): {''.join(reversed(TEXT[:500]))}"
+    assert shared(prompt_ids(server, content), prompt_ids(server, opening)) < 32
+    assert ask(server, opening)[2] == 0
+    other = f"Tail control (other).\n{TEXT[:250]}{''.join(reversed(TEXT[250:500]))}"
+    common = shared(prompt_ids(server, content), prompt_ids(server, other))
+    _, length, cached = ask(server, other)
+    assert 32 <= common < length - 2 < 256 and cached == common
+
+
+def test_held_blocks_go_back_when_the_pool_runs_short(patched_engine, tmp_path_factory):
+    """A pool of 24 blocks: six short prompts leave six tails behind (six blocks held), then a
+    prompt of about 20 blocks still gets its reply, and the tails are gone; while its whole blocks
+    fill the pool, no new tail is held."""
+    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_TAIL_REUSE": "1"}, tmp_path_factory.mktemp("run-tail-small"),
+               engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
+    try:
+        before = blocks_used(s)  # the readiness check's tail
+        for i in range(6):
+            ask(s, f"Tail pressure {i}: say something short.", max_tokens=2)
+        assert blocks_used(s) == before + 6
+        assert ask(s, "Tail pressure 4: say something short.", max_tokens=2)[2] > 0  # held: found again
+        long_text = open(argparse.__file__).read()[:21500]
+        _, length, _ = ask(s, f"Tail pressure (long).\n{long_text}", max_tokens=4)
+        assert length > (24 - 6 - before) * PAGE
+        assert ask(s, "Tail pressure 5: say something short.", max_tokens=2)[2] == 0  # given back for the long prompt
+        # The long prompt's whole blocks stay cached: with less than a quarter of the pool free, no tail is held.
+        assert blocks_used(s) > 24 * 3 / 4
+        ask(s, "Tail pressure (full pool): say something short.", max_tokens=2)
+        assert ask(s, "Tail pressure (full pool): say something short.", max_tokens=2)[2] == 0
+    finally:
+        s.stop()
+
+
+def blocks_used(server) -> int:
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return int(float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pb_kv_blocks_used "))))
