@@ -10,9 +10,9 @@ With the knob on, a request that finishes normally leaves the block holding its 
 (the part past the last whole block) to a small registry instead of the pool, filed under the
 hash of the whole blocks before it (several prompts may leave one each there). A later prompt
 whose whole blocks match up to there adopts, of the blocks filed there, the one whose tokens go
-on as the prompt does the longest: the tokens they share are cached
-(when they are all the tail could give or MIN_SHARED tokens at least: a tail is not used up
-on a chat template's opening), and only the rest is computed. Two tokens are always left to compute, so the last prompt row
+on as the prompt does the longest: the tokens they share are cached (when they are all the tail
+could give, or MIN_SHARED tokens at least: a tail is not used up on a chat template's opening),
+and only the rest is computed. Two tokens are always left to compute, so the last prompt row
 runs through the prompt attention kernel as in a cold run (a lone row would go to the decode
 kernel, which rounds otherwise).
 
