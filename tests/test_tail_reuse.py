@@ -1,5 +1,6 @@
 """0760 PB_TAIL_REUSE: a resent prompt finds every token it shares with an earlier prompt cached
-but the last two, not only the whole 256-token blocks, and replies as a cold run does.
+but the last two, not only the whole 256-token blocks, and replies as a cold run does, also
+when the earlier reply ran past the prompt's last block.
 
 Real text (this Python's argparse source), each test opening with a line of its own so no other
 test's cache serves it. The negative controls change one token after the last whole block, or
@@ -24,9 +25,9 @@ PAGE = 256  # the local config's tokens a block
 
 @pytest.fixture(scope="module")
 def server(patched_engine, tmp_path_factory):
-    """The local set plus 0760, on the embedded default model and its 256-block pool."""
-    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_TAIL_REUSE": "1"},
-               tmp_path_factory.mktemp("run-tail"))
+    """The embedded default (its model and 256-token blocks) with the local set, 0760 among it."""
+    assert ALL_ON.get("PB_TAIL_REUSE") == "1"
+    s = Server(patched_engine, model_path(LOCAL), ALL_ON, tmp_path_factory.mktemp("run-tail"))
     yield s
     s.stop()
 
@@ -41,6 +42,26 @@ def test_a_resent_prompt_computes_two_tokens_and_replies_as_cold(server, setting
     warm, length_again, cached_warm = ask(server, content, **settings)
     again, _, cached_again = ask(server, content, **settings)
     assert cached_cold == 0 and length_again == length
+    assert cached_warm == cached_again == length - 2
+    assert warm == cold and again == cold
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_p": 0.95, "seed": 5}], ids=["greedy", "seeded"])
+def test_a_reply_past_the_prompts_last_block_leaves_a_copy(server, settings):
+    """The first reply runs past the prompt's last block (which then is a whole block, hashed
+    with reply tokens): a copy of the block's prompt rows is held, so resends still compute two
+    tokens and reply as the cold send did."""
+    chars = 2000
+    while True:  # a prompt whose last block has at most 16 tokens to spare, so a 48-token reply fills it
+        content = f"Tail check (long reply, {'seeded' if settings else 'greedy'}).\n{TEXT[:chars]}"
+        length = len(prompt_ids(server, content))
+        if PAGE - 16 <= length % PAGE < PAGE:
+            break
+        chars += 7
+    cold, _, cached_cold = ask(server, content, max_tokens=48, **settings)
+    warm, _, cached_warm = ask(server, content, max_tokens=48, **settings)
+    again, _, cached_again = ask(server, content, max_tokens=48, **settings)
+    assert cached_cold == 0
     assert cached_warm == cached_again == length - 2
     assert warm == cold and again == cold
 
@@ -97,9 +118,10 @@ def test_another_prompt_reuses_only_what_it_shares(server):
 
 def test_held_blocks_go_back_when_the_pool_runs_short(patched_engine, tmp_path_factory):
     """A pool of 24 blocks: six short prompts leave six tails behind (six blocks held), then a
-    prompt of about 20 blocks still gets its reply, and the tails are gone; while its whole blocks
-    fill the pool, no new tail is held."""
-    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_TAIL_REUSE": "1"}, tmp_path_factory.mktemp("run-tail-small"),
+    prompt of about 20 blocks still gets its reply, and the tails are gone. Its whole blocks stay
+    cached after it, and cached blocks count as the pool's to give: a tail is held again. While a
+    live request holds most of the pool, none is."""
+    s = Server(patched_engine, model_path(LOCAL), ALL_ON, tmp_path_factory.mktemp("run-tail-small"),
                engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
     try:
         before = blocks_used(s)  # the readiness check's tail
@@ -108,13 +130,22 @@ def test_held_blocks_go_back_when_the_pool_runs_short(patched_engine, tmp_path_f
         assert blocks_used(s) == before + 6
         assert ask(s, "Tail pressure 4: say something short.", max_tokens=2)[2] > 0  # held: found again
         long_text = open(argparse.__file__).read()[:21500]
-        _, length, _ = ask(s, f"Tail pressure (long).\n{long_text}", max_tokens=4)
+        long_content = f"Tail pressure (long).\n{long_text}"
+        _, length, _ = ask(s, long_content, max_tokens=4)
         assert length > (24 - 6 - before) * PAGE
         assert ask(s, "Tail pressure 5: say something short.", max_tokens=2)[2] == 0  # given back for the long prompt
-        # The long prompt's whole blocks stay cached: with less than a quarter of the pool free, no tail is held.
-        assert blocks_used(s) > 24 * 3 / 4
-        ask(s, "Tail pressure (full pool): say something short.", max_tokens=2)
-        assert ask(s, "Tail pressure (full pool): say something short.", max_tokens=2)[2] == 0
+        assert blocks_used(s) > 24 * 3 / 4  # the long prompt's whole blocks, cached
+        assert ask(s, "Tail pressure (cached pool): say something short.", max_tokens=2)[2] == 0
+        assert ask(s, "Tail pressure (cached pool): say something short.", max_tokens=2)[2] > 0
+        # The long prompt again, streaming a 600-token reply (seconds on this model): while it holds
+        # its blocks, no tail is held. Leaving the block closes the stream, which ends the request.
+        body = {"model": s.model, "max_tokens": 600, "temperature": 0, "ignore_eos": True, "stream": True,
+                "messages": [{"role": "user", "content": long_content}]}
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=300) as live:
+            lines = live.iter_lines()
+            assert any(line.startswith("data: {") and '"content"' in line for line in lines)  # decoding now
+            ask(s, "Tail pressure (held pool): say something short.", max_tokens=2)
+            assert ask(s, "Tail pressure (held pool): say something short.", max_tokens=2)[2] == 0
     finally:
         s.stop()
 

@@ -23,20 +23,22 @@ What is reused is exactly what a cold run computes:
 - the block moves to the new request, which writes its own rows past the shared ones; the rows
   a step still in flight for the old request writes (async batching) lie past its prompt and
   land before the new request's step on the same stream;
-- a block is offered only when it is the request's last and has no hash (no other request
-  refers to it).
+- the block itself is offered only when it is the request's last and has no hash (no other
+  request refers to it). When the reply ran past it (the block then is a whole block, hashed
+  with reply tokens, that upstream keeps for its own reuse) or another request shares it, a copy
+  is offered instead: made on the compute stream, after the step in flight and before any step
+  that reads it. Agents' replies are often longer than what is left of their prompt's last
+  block, so without the copy most retries would find only whole blocks.
 
 The registry is bounded (MAX_TAILS, least recently left first out), takes no block while less
-than FREE_FLOOR of the pool is free (at 64 agent conversations on one H200 the pool was
-oversubscribed, and held tails cost about 3 % of the aggregate, W42), and gives every block back
-when the cache is short of memory (upstream's eviction of its cached blocks) or reset.
+than FREE_FLOOR of the pool is free or merely cached (at 64 agent conversations on one H200 the
+pool was oversubscribed, and held tails cost about 3 % of the aggregate, W42), and gives every
+block back when the cache is short of memory (upstream's eviction of its cached blocks) or reset.
 It serves a cache with a single allocator (full attention, as GLM-4.5's); others are left as
 they are.
 
-Not covered yet: a reply that ran past its prompt's last block makes that block a whole block
-holding reply rows, and its prompt rows are not offered (a copy of the block on the compute stream
-would be). On one H200 (W42) an 8K replay's first token went from 31 to 23 ms and a 32K one's from
-53 to 49 ms.
+On one H200 (W42, before the copy) an 8K replay's first token went from 31 to 23 ms and a 32K
+one's from 53 to 49 ms.
 """
 
 from collections import OrderedDict
@@ -45,7 +47,7 @@ from .. import knobs
 
 MAX_TAILS = 64  # blocks held for prompts' ends; the oldest goes back to the pool first
 KEEP_COMPUTED = 2  # prompt tokens always computed again, so the last row is a prompt row
-FREE_FLOOR = 0.25  # a tail is held only while this share of the pool is free: not when requests wait for blocks
+FREE_FLOOR = 0.25  # a tail is held only while requests hold less than the rest of the pool: not when they wait for blocks
 MIN_SHARED = 32  # a tail is used up only for this many of its tokens, or all of them: not for a template's opening
 _FIRST = -1  # the key of a tail in a prompt's first block (no whole block before it)
 
@@ -106,9 +108,12 @@ def _allocator(cache):
     return next(iter(cache.cache_allocators.values()))
 
 
-def keep(cache, state) -> None:
-    """update_batch, before a request that finished normally frees its blocks: its prompt's last
-    block goes to the registry when it is partial, unshared and the request's last."""
+def keep(cache, state, stream=None) -> None:
+    """update_batch, before a request that finished normally frees its blocks: the block holding
+    its prompt's end goes to the registry when the prompt ends inside a block. The block itself
+    moves when it is the request's last, unhashed and unshared; otherwise (the reply ran past it,
+    which makes it a whole block hashed with reply tokens, or another request refers to it) a copy
+    of it goes, made on `stream` (the compute stream, where the step in flight runs before it)."""
     allocator = _allocator(cache)
     if allocator is None:
         return
@@ -116,23 +121,51 @@ def keep(cache, state) -> None:
     prompt = state.initial_tokens
     page = allocator.tokens_per_page
     end = len(prompt) // page  # the block holding the prompt's end
-    if not table or len(prompt) % page == 0 or len(table) != end + 1:
+    if not table or len(prompt) % page == 0 or len(table) <= end:
         return
-    if cache.compute_free_capacity() < FREE_FLOOR:
+    if _unheld_share(cache, allocator) < FREE_FLOOR:
         return
-    block, ledger = table[-1], allocator.ledger
-    if block in ledger.block_to_hash or block in ledger.shared_ref_counts:
-        return
+    ledger = allocator.ledger
     if end == 0:
         key = _FIRST
     else:
         key = ledger.block_to_hash.get(table[end - 1])
         if key is None:  # the whole blocks before it were never registered: nothing finds it
             return
-    table.pop()
+    block = table[end]
+    if len(table) == end + 1 and block not in ledger.block_to_hash and block not in ledger.shared_ref_counts:
+        table.pop()
+    else:
+        block = _copy(cache, allocator, block, stream)
+        if block is None:
+            return
     gone = _tails(cache).add(key, block, tuple(prompt[end * page:]))
     if gone:
         cache.pool.free_blocks(allocator.index, gone)
+
+
+def _unheld_share(cache, allocator) -> float:
+    """The share of the pool no request holds: free, or cached by upstream for reuse (given back
+    at once under memory pressure, as held tails are). Cached blocks fill the pool of a server
+    that has run a while; counting them as held would keep every tail out."""
+    cached = len(allocator.ledger.cached_blocks) * allocator.bytes_per_block
+    return (cache.compute_free_capacity(relative=False) + cached) / (cache.num_sectors * cache.bytes_per_sector)
+
+
+def _copy(cache, allocator, block: int, stream) -> int | None:
+    """A free block holding what `block` holds (its rows past the prompt are never read: an
+    adopting request writes its own there first), or None when the pool has none to give."""
+    from ...generation.continuous_batching.utils import stream_context
+
+    pool = cache.pool
+    if pool.count_free_blocks(allocator.index) == 0:
+        if pool.num_free_sectors == 0:
+            return None
+        pool.allocate_sector(allocator.index)
+    fresh = pool.get_free_blocks(allocator.index, 1)[0]
+    with stream_context(stream):
+        allocator.copy_blocks([block], [fresh])
+    return fresh
 
 
 def adopt(cache, request_id: str, prompt_ids: list[int], prefix_len: int) -> int:
