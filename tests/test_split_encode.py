@@ -133,3 +133,58 @@ def test_short_texts_batches_pairs_and_the_knob_off_keep_one_call(split):
         assert split.encode(backend, [long], True, False) is None  # the knob off
     finally:
         split.knobs._request_overrides.reset(token)
+
+
+# 0770 PB_ENCODE_CACHE: the pieces are cut where the text places them and kept, so a text that
+# goes on from an earlier one encodes only its new pieces, and gives one call's ids all the same.
+
+@pytest.fixture
+def kept(split):
+    cache = split.encode_cache
+    token = split.knobs._request_overrides.set({"PB_SPLIT_ENCODE": True, "PB_ENCODE_CACHE": True})
+    saved = cache.PIECE_CHARS, cache.MAX_CHARS
+    cache.PIECE_CHARS = 512
+    cache.clear()
+    yield split
+    cache.PIECE_CHARS, cache.MAX_CHARS = saved
+    cache.clear()
+    split.knobs._request_overrides.reset(token)
+
+
+def one_call(backend, text: str):
+    return backend.encode_batch_fast([text], add_special_tokens=True)[0]
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_kept_pieces_give_one_calls_ids_resent_grown_and_edited(kept, name):
+    backend, cache = TOKENIZERS[name](), kept.encode_cache
+    for text in texts():
+        got = kept.encode(backend, [text], True, False)[0]
+        assert got.ids == one_call(backend, text).ids
+        assert got.special_tokens_mask == one_call(backend, text).special_tokens_mask
+        held = len(cache._TABLE)
+        assert kept.encode(backend, [text], True, False)[0].ids == got.ids  # resent: every piece found
+        assert len(cache._TABLE) == held
+        grown = text + "\n" + texts()[1][:3000]  # the next turn: the text goes on
+        assert cache.cuts(grown, kept.CUT)[:len(cache.cuts(text, kept.CUT))] == cache.cuts(text, kept.CUT)
+        assert kept.encode(backend, [grown], True, False)[0].ids == one_call(backend, grown).ids
+        assert len(cache._TABLE) - held <= 2 + 3000 // 512  # its old pieces were found
+        at = len(text) // 2  # one character changed in the middle: the pieces from there on differ
+        edited = text[:at] + ("#" if text[at] != "#" else "%") + text[at + 1:]
+        assert kept.encode(backend, [edited], True, False)[0].ids == one_call(backend, edited).ids
+
+
+def test_the_table_stays_bounded_and_off_per_request_leaves_it_alone(kept):
+    backend, cache = glm_like(), kept.encode_cache
+    cache.MAX_CHARS = 20000
+    for text in texts():
+        assert kept.encode(backend, [text], True, False)[0].ids == one_call(backend, text).ids
+        assert 0 < cache._held <= cache.MAX_CHARS
+        assert cache._held == sum(len(piece) for _, piece in cache._TABLE)
+    cache.clear()
+    token = kept.knobs._request_overrides.set({"PB_SPLIT_ENCODE": True, "PB_ENCODE_CACHE": False})
+    try:
+        assert kept.encode(backend, [texts()[0]], True, False)[0].ids == one_call(backend, texts()[0]).ids
+        assert not cache._TABLE  # a request with the knob off neither reads nor fills it
+    finally:
+        kept.knobs._request_overrides.reset(token)

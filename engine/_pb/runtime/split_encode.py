@@ -25,6 +25,7 @@ import re
 import threading
 
 from .. import knobs
+from . import encode_cache
 
 MIN_CHARS = 8192  # shorter texts take one call: a cut would save less than it costs
 PIECE_CHARS = 4096  # a piece is at least about this long
@@ -104,14 +105,20 @@ def encode(backend, texts, add_special_tokens: bool, is_pretokenized: bool):
             or len(texts[0]) < MIN_CHARS or PIECES < 2 or not hasattr(backend, "post_process")):
         return None
     text = texts[0]
-    at = cuts(text, min(PIECES, len(text) // PIECE_CHARS))
+    kept = encode_cache.on()  # PB_ENCODE_CACHE (0770): cuts the text itself places, pieces kept
+    at = encode_cache.cuts(text, CUT) if kept else cuts(text, min(PIECES, len(text) // PIECE_CHARS))
     if not at or not splittable(backend):
         return None
     from tokenizers import Encoding
 
     bounds = [0, *at, len(text)]
-    pool = _pool()
-    jobs = [pool.submit(backend.encode_batch_fast, [text[a:b]], add_special_tokens=False)
-            for a, b in zip(bounds, bounds[1:])]
-    parts = [job.result()[0] for job in jobs]
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    parts = encode_cache.parts(backend, pieces, lambda new: _encode(backend, new)) if kept else _encode(backend, pieces)
     return [backend.post_process(Encoding.merge(parts, growing_offsets=True), None, add_special_tokens)]
+
+
+def _encode(backend, pieces: list[str]) -> list:
+    """Each piece's encoding without special tokens, on the pool's threads."""
+    pool = _pool()
+    jobs = [pool.submit(backend.encode_batch_fast, [piece], add_special_tokens=False) for piece in pieces]
+    return [job.result()[0] for job in jobs]
