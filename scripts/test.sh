@@ -5,4 +5,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
 cd "$root"
-exec "$root/.venv/bin/python" -m pytest -q -m "not gpu" "$@"
+exec "$root/.venv/bin/python" -m pytest -q -m "not gpu" --durations=40 "$@"
