@@ -27,8 +27,10 @@ def replies(patched_engine, tmp_path_factory):
     counts (and replies) of the third prompt and of the first, sent again in that order."""
     got = {}
     for knob in ("0", "1"):
-        s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_PARTIAL_EVICT": knob},
-                   tmp_path_factory.mktemp(f"run-evict-{knob}"), engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
+        # without 0790's host tier, which would bring evicted blocks back and hide what went
+        knobs = {**ALL_ON, "PB_PARTIAL_EVICT": knob, "PB_HOST_TIER_MB": "0"}
+        s = Server(patched_engine, model_path(LOCAL), knobs, tmp_path_factory.mktemp(f"run-evict-{knob}"),
+                   engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
         try:
             prompts = [f"Eviction {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
             long = f"Eviction (long).\n{TEXT[20000:29000]}"

@@ -264,3 +264,14 @@ def test_served_model_names_are_checked_and_reach_the_http_rank(tmp_path):
     unnamed = config.load(write(tmp_path, "PB_SERVED_NAMES=1\n"), environ={})
     assert unnamed.served_names("/srv/models/GLM-4.5-Air/") == "GLM-4.5-Air"  # the folder's name
     assert config.load(write(tmp_path, "\n"), environ={}).served_names("/srv/m") == "/srv/m"  # knob off: the path
+
+
+def test_the_host_tier_adds_to_the_memory_a_node_must_have(tmp_path):
+    """0790 pins PB_HOST_TIER_MB of host memory per rank at start: preflight asks each node for
+    MIN_MEM_GIB plus that (rounded up to whole GiB)."""
+    base = config.load(write(tmp_path, "KNOBS=minimal\nMIN_MEM_GIB=16\n"), environ={})
+    assert base.mem_gib_needed == 16
+    tier = config.load(write(tmp_path, "KNOBS=minimal\nMIN_MEM_GIB=16\nPB_HOST_TIER_MB=2500\n", "tier.env"), environ={})
+    assert tier.mem_gib_needed == 16 + 3
+    prod = config.load(ROOT / "config" / "prod.env.example", environ={})
+    assert prod.mem_gib_needed == prod.min_mem_gib + int(config.knob_set("prod")["PB_HOST_TIER_MB"]) // 1024

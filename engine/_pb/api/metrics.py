@@ -307,6 +307,24 @@ def gpu_memory(gauge):
     yield from families
 
 
+def host_tier(generation_state, counter, gauge):
+    """0790 PB_HOST_TIER_MB's table: prefix blocks saved to host memory on eviction, brought back
+    for a prompt, dropped for room, and held now (nothing with the knob unset)."""
+    from ..runtime import host_tier as tier
+
+    cb = getattr(getattr(generation_state, "_cb_manager", None), "_cb", None)
+    processor = getattr(cb, "batch_processor", None)
+    counts = tier.stats(processor.cache) if processor is not None else None
+    if counts is None:
+        return
+    for key, doc in (("saved", "Prefix cache blocks copied to host memory as they were evicted"),
+                     ("restored", "Prefix cache blocks copied back from host memory for a prompt"),
+                     ("dropped", "Blocks the host memory table let go of for newer ones")):
+        yield counter(f"pb_host_tier_{key}_blocks", doc, value=counts[key])
+    yield gauge("pb_host_tier_held_blocks", "Blocks the host memory table holds", value=counts["held"])
+    yield gauge("pb_host_tier_slots_blocks", "Blocks the host memory table can hold", value=counts["slots"])
+
+
 def ranks() -> dict:
     if not knobs.get("PB_TENSOR_PARALLEL"):
         return {"world_size": 1, "peer_lost": None}
@@ -317,7 +335,7 @@ def ranks() -> dict:
 
 def _make(generation_state) -> dict:
     from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     disable_created_metrics()  # no `_created` series beside every counter and histogram
     registry = CollectorRegistry(auto_describe=True)
@@ -334,6 +352,7 @@ def _make(generation_state) -> dict:
             ):
                 yield GaugeMetricFamily(name, doc, value=counts[key])
             yield from gpu_memory(GaugeMetricFamily)
+            yield from host_tier(generation_state, CounterMetricFamily, GaugeMetricFamily)
 
     registry.register(Live())
     return {

@@ -195,6 +195,12 @@ class Config:
         return self.served_model_name or model_path.split("@", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
     @property
+    def mem_gib_needed(self) -> int:
+        """MemAvailable a node must have: MIN_MEM_GIB, plus the pinned host memory 0790's
+        PB_HOST_TIER_MB takes when the engine starts (each rank its own)."""
+        return self.min_mem_gib + -(-int(self.knobs.get("PB_HOST_TIER_MB") or 0) // 1024)
+
+    @property
     def world_size(self) -> int:
         return self.tp
 

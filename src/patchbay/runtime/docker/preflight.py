@@ -105,7 +105,8 @@ def model_mount(model_path: str):
 
 
 FIXES = {
-    "memory": "free memory on that node, or lower MIN_MEM_GIB in {source}",
+    "memory": "free memory on that node, or lower MIN_MEM_GIB (or PB_HOST_TIER_MB, host memory the engine pins) "
+              "in {source}",
     "disk": "make room (`docker image prune`, `docker system df`), or lower MIN_DISK_GIB in {source}",
     "gpu": "free the GPUs (nvidia-smi shows who holds them), or lower GPUS_PER_NODE / GPU_MIN_FREE_GIB",
     "address": "set {key}_ADDR in {source} to an address of that node (the one the other node reaches)",
@@ -196,7 +197,7 @@ def preflight(cfg: Config, build_id: str, model_path: str) -> list[Row]:
     for node in nodes(cfg):
         if node.role not in images:
             continue
-        spec: dict = {"mem_gib": cfg.min_mem_gib, "disk_gib": cfg.min_disk_gib,
+        spec: dict = {"mem_gib": cfg.mem_gib_needed, "disk_gib": cfg.min_disk_gib,
                       "ifnames": [n for n in dict.fromkeys((cfg.gloo_ifname, cfg.nccl_ifname)) if n],
                       "model": {"path": model_path, "cache": MANIFEST_DIR}}
         if cfg.world_size > 1:

@@ -1,0 +1,102 @@
+"""0790 PB_HOST_TIER_MB: whole prefix blocks evicted under memory pressure are kept in host
+memory and copied back for a later prompt that starts with them.
+
+A pool of 24 blocks (256 tokens each): three prompts of four to six blocks leave their blocks
+cached, then a prompt of about nine blocks needs room and upstream evicts every cached block.
+The first prompt sent again then finds nothing with the knob unset; with it set its whole
+blocks come back from host memory, and its replies (greedy and seeded) are those it got before
+the eviction. `/metrics` counts what was saved and restored.
+"""
+
+import argparse
+
+import httpx
+import pytest
+
+from patchbay.runtime.models import model_path
+
+from .conftest import ALL_ON, LOCAL, Server, engine_module
+from .test_prefix_reuse import ask, prompt_ids
+
+pytestmark = pytest.mark.engine
+
+TEXT = open(argparse.__file__).read()
+SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 5}
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return values[0] if values else -1.0
+
+
+@pytest.fixture(scope="module")
+def runs(patched_engine, tmp_path_factory):
+    """For the knob unset and set to 4 MiB (64 blocks of the tiny model): the first prompt's
+    replies and cached counts before the eviction and after it, and the host tier's counters."""
+    got = {}
+    for mib in ("0", "4"):
+        s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_HOST_TIER_MB": mib},
+                   tmp_path_factory.mktemp(f"run-host-{mib}"),
+                   engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
+        try:
+            prompts = [f"Host tier {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
+            long = f"Host tier (long).\n{TEXT[20000:29000]}"
+            lengths = [len(prompt_ids(s, p)) for p in [*prompts, long]]
+            before = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
+            for p in [*prompts[1:], long]:
+                ask(s, p, max_tokens=4)
+            after = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
+            counters = {k: metric(s, f"pb_host_tier_{k}_blocks_total") for k in ("saved", "restored", "dropped")}
+            counters["held"] = metric(s, "pb_host_tier_held_blocks")
+            got[mib] = {"lengths": lengths, "before": before, "after": after, "counters": counters}
+        finally:
+            s.stop()
+    return got
+
+
+def test_the_prompts_need_more_than_the_pool(runs):
+    lengths = runs["4"]["lengths"]
+    assert all(4 * 256 <= n < 6 * 256 for n in lengths[:3]) and 8 * 256 < lengths[3] < 10 * 256, lengths
+    assert sum(n // 256 + 1 for n in lengths) > 24  # their blocks cannot all stay
+
+
+def test_without_the_knob_an_evicted_prompt_is_computed_again(runs):
+    off = runs["0"]
+    assert off["after"][0][2] == 0  # the first resend (the second finds the first's blocks)
+    assert off["counters"]["saved"] == -1.0  # no table, no counters
+
+
+def test_with_the_knob_its_whole_blocks_come_back_from_host_memory(runs):
+    on = runs["4"]
+    whole = (on["lengths"][0] - 1) // 256 * 256
+    assert on["after"][0][2] >= whole, on["after"]
+    counters = on["counters"]
+    assert counters["restored"] >= whole // 256 and counters["saved"] >= counters["restored"], counters
+    assert counters["dropped"] == 0 and 0 < counters["held"] <= 64, counters
+
+
+def test_replies_are_those_before_the_eviction(runs):
+    for mib in ("0", "4"):
+        before, after = runs[mib]["before"], runs[mib]["after"]
+        assert [r for r, _, _ in after] == [r for r, _, _ in before], mib
+    assert runs["0"]["before"][0][0] == runs["4"]["before"][0][0]
+
+
+def test_a_full_table_lets_the_least_recently_used_go(patched_engine):
+    """The slot bookkeeping alone: a table of three slots keeps the three hashes most recently
+    saved or used, and reuses the slot of the one that went."""
+    tier = engine_module(patched_engine, "runtime.host_tier")
+
+    class Allocator:
+        bytes_per_block = 8
+
+    table = tier.Table(Allocator(), 3, pinned=False)
+    slots = [table.slot_for(h) for h in (101, 102, 103)]
+    assert sorted(slots) == [0, 1, 2] and table.dropped == 0
+    table.slot_of.move_to_end(101)  # used again
+    reused = table.slot_for(104)
+    assert reused == slots[1] and table.dropped == 1  # 102 was the least recently used
+    assert list(table.slot_of) == [103, 101, 104]
+    table.clear()
+    assert not table.slot_of and len(table.free) == 3
