@@ -5,7 +5,8 @@ A pool of 24 blocks (256 tokens each): three prompts of four to six blocks leave
 cached, then a prompt of about nine blocks needs room and upstream evicts every cached block.
 The first prompt sent again then finds nothing with the knob unset; with it set its whole
 blocks come back from host memory, and its replies (greedy and seeded) are those it got before
-the eviction. `/metrics` counts what was saved and restored.
+the eviction. `/metrics` counts what was saved and restored. A tensor-parallel pair (CPU, gloo)
+brings back the same blocks on both ranks and replies as one process does.
 """
 
 import argparse
@@ -15,7 +16,7 @@ import pytest
 
 from patchbay.runtime.models import model_path
 
-from .conftest import ALL_ON, LOCAL, Server, engine_module
+from .conftest import ALL_ON, LOCAL, Server, engine_module, free_port
 from .test_prefix_reuse import ask, prompt_ids
 
 pytestmark = pytest.mark.engine
@@ -32,13 +33,15 @@ def metric(server, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def runs(patched_engine, tmp_path_factory):
-    """For the knob unset and set to 4 MiB (64 blocks of the tiny model): the first prompt's
-    replies and cached counts before the eviction and after it, and the host tier's counters."""
+    """For the knob unset, set to 4 MiB (64 blocks of the tiny model), and set so on a
+    tensor-parallel pair (each rank its own shard and table): the first prompt's replies and
+    cached counts before the eviction and after it, and the host tier's counters."""
     got = {}
-    for mib in ("0", "4"):
-        s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_HOST_TIER_MB": mib},
-                   tmp_path_factory.mktemp(f"run-host-{mib}"),
-                   engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
+    for arm in ("0", "4", "4-tp2"):
+        mib, tp = arm.split("-")[0], 2 if arm.endswith("tp2") else 1
+        knobs = {**ALL_ON, "PB_HOST_TIER_MB": mib, **({"PB_TENSOR_PARALLEL": "1"} if tp == 2 else {})}
+        s = Server(patched_engine, model_path(LOCAL), knobs, tmp_path_factory.mktemp(f"run-host-{arm}"),
+                   tp=tp, rdzv_port=free_port(), engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
         try:
             prompts = [f"Host tier {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
             long = f"Host tier (long).\n{TEXT[20000:29000]}"
@@ -49,7 +52,7 @@ def runs(patched_engine, tmp_path_factory):
             after = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
             counters = {k: metric(s, f"pb_host_tier_{k}_blocks_total") for k in ("saved", "restored", "dropped")}
             counters["held"] = metric(s, "pb_host_tier_held_blocks")
-            got[mib] = {"lengths": lengths, "before": before, "after": after, "counters": counters}
+            got[arm] = {"lengths": lengths, "before": before, "after": after, "counters": counters}
         finally:
             s.stop()
     return got
@@ -77,10 +80,20 @@ def test_with_the_knob_its_whole_blocks_come_back_from_host_memory(runs):
 
 
 def test_replies_are_those_before_the_eviction(runs):
-    for mib in ("0", "4"):
-        before, after = runs[mib]["before"], runs[mib]["after"]
-        assert [r for r, _, _ in after] == [r for r, _, _ in before], mib
+    for arm in ("0", "4"):
+        before, after = runs[arm]["before"], runs[arm]["after"]
+        assert [r for r, _, _ in after] == [r for r, _, _ in before], arm
     assert runs["0"]["before"][0][0] == runs["4"]["before"][0][0]
+
+
+def test_a_tensor_parallel_pairs_ranks_bring_back_the_same_blocks(runs):
+    """Rank 0 schedules and rank 1 follows its steps: both tables must make the same choices,
+    or rank 1 would attend over other blocks than rank 0 and the replies would change."""
+    one, two = runs["4"], runs["4-tp2"]
+    assert two["after"][0][2] == one["after"][0][2] > 0
+    assert [r for r, _, _ in two["after"]] == [r for r, _, _ in two["before"]]
+    assert two["before"][0][0] == one["before"][0][0]  # greedy: TP=2 replies as TP=1 does
+    assert two["counters"]["restored"] == one["counters"]["restored"]
 
 
 def test_a_full_table_lets_the_least_recently_used_go(patched_engine):
