@@ -159,9 +159,11 @@ def one_call(backend, text: str):
 def test_kept_pieces_give_one_calls_ids_resent_grown_and_edited(kept, name):
     backend, cache = TOKENIZERS[name](), kept.encode_cache
     for text in texts():
-        got = kept.encode(backend, [text], True, False)[0]
-        assert got.ids == one_call(backend, text).ids
-        assert got.special_tokens_mask == one_call(backend, text).special_tokens_mask
+        got, want = kept.encode(backend, [text], True, False)[0], one_call(backend, text)
+        assert got.ids == want.ids and got.special_tokens_mask == want.special_tokens_mask
+        assert got.type_ids == want.type_ids and got.attention_mask == want.attention_mask
+        without = kept.encode(backend, [text], False, False)[0]  # no special tokens around it
+        assert without.ids == backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         held = len(cache._TABLE)
         assert kept.encode(backend, [text], True, False)[0].ids == got.ids  # resent: every piece found
         assert len(cache._TABLE) == held
@@ -172,6 +174,8 @@ def test_kept_pieces_give_one_calls_ids_resent_grown_and_edited(kept, name):
         at = len(text) // 2  # one character changed in the middle: the pieces from there on differ
         edited = text[:at] + ("#" if text[at] != "#" else "%") + text[at + 1:]
         assert kept.encode(backend, [edited], True, False)[0].ids == one_call(backend, edited).ids
+        for other in (text, grown, edited, grown + "x\ny" * 700):  # cuts taken from a text seen before
+            assert cache.known_cuts(other, kept.CUT) == cache.cuts(other, kept.CUT)
 
 
 def test_the_table_stays_bounded_and_off_per_request_leaves_it_alone(kept):
@@ -181,6 +185,8 @@ def test_the_table_stays_bounded_and_off_per_request_leaves_it_alone(kept):
         assert kept.encode(backend, [text], True, False)[0].ids == one_call(backend, text).ids
         assert 0 < cache._held <= cache.MAX_CHARS
         assert cache._held == sum(len(piece) for _, piece in cache._TABLE)
+        assert cache._cut_chars == sum(len(t) for entries in cache._CUTS.values() for t, _ in entries)
+        assert len(cache._CUTS) == 1 or cache._cut_chars <= cache.MAX_CHARS
     cache.clear()
     token = kept.knobs._request_overrides.set({"PB_SPLIT_ENCODE": True, "PB_ENCODE_CACHE": False})
     try:

@@ -105,16 +105,28 @@ def encode(backend, texts, add_special_tokens: bool, is_pretokenized: bool):
             or len(texts[0]) < MIN_CHARS or PIECES < 2 or not hasattr(backend, "post_process")):
         return None
     text = texts[0]
-    kept = encode_cache.on()  # PB_ENCODE_CACHE (0770): cuts the text itself places, pieces kept
-    at = encode_cache.cuts(text, CUT) if kept else cuts(text, min(PIECES, len(text) // PIECE_CHARS))
-    if not at or not splittable(backend):
+    # the check is kept per tokenizer; truncation or padding may be set on it since
+    if not splittable(backend) or backend.truncation is not None or backend.padding is not None:
+        return None
+    framing = encode_cache.frame(backend, add_special_tokens) if encode_cache.on() else None
+    if framing is not None:  # PB_ENCODE_CACHE (0770): cuts the text itself places, pieces' ids kept
+        at = encode_cache.known_cuts(text, CUT)
+        if not at:
+            return None
+        parts = encode_cache.parts(backend, _pieces(text, at), lambda new: _encode(backend, new))
+        return [encode_cache.join(framing, parts)]
+    at = cuts(text, min(PIECES, len(text) // PIECE_CHARS))
+    if not at:
         return None
     from tokenizers import Encoding
 
-    bounds = [0, *at, len(text)]
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    parts = encode_cache.parts(backend, pieces, lambda new: _encode(backend, new)) if kept else _encode(backend, pieces)
+    parts = _encode(backend, _pieces(text, at))
     return [backend.post_process(Encoding.merge(parts, growing_offsets=True), None, add_special_tokens)]
+
+
+def _pieces(text: str, at: list[int]) -> list[str]:
+    bounds = [0, *at, len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _encode(backend, pieces: list[str]) -> list:
