@@ -5,11 +5,14 @@ A pool of 24 blocks (256 tokens each): three prompts of four to six blocks leave
 cached, then a prompt of about nine blocks needs room and upstream evicts every cached block.
 The first prompt sent again then finds nothing with the knob unset; with it set its whole
 blocks come back from host memory, and its replies (greedy and seeded) are those it got before
-the eviction. `/metrics` counts what was saved and restored. A tensor-parallel pair (CPU, gloo)
-brings back the same blocks on both ranks and replies as one process does.
+the eviction, and a reply decoding meanwhile is the one it gets alone. `/metrics` counts what was
+saved and restored. A tensor-parallel pair (CPU, gloo) brings back the same blocks on both ranks
+and replies as one process does.
 """
 
 import argparse
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ pytestmark = pytest.mark.engine
 
 TEXT = open(argparse.__file__).read()
 SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 5}
+SIDE_TOKENS = 512  # long enough to be decoding still when the long prompt evicts
 
 
 def metric(server, name: str) -> float:
@@ -46,13 +50,21 @@ def runs(patched_engine, tmp_path_factory):
             prompts = [f"Host tier {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
             long = f"Host tier (long).\n{TEXT[20000:29000]}"
             lengths = [len(prompt_ids(s, p)) for p in [*prompts, long]]
+            side = f"Host tier (side).\n{TEXT[40000:41000]}"
+            alone = ask(s, side, max_tokens=SIDE_TOKENS)
             before = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
-            for p in [*prompts[1:], long]:
-                ask(s, p, max_tokens=4)
-            after = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
+            with ThreadPoolExecutor(1) as pool:  # a reply decoded while blocks are evicted, saved, restored
+                beside = pool.submit(lambda: (ask(s, side, max_tokens=SIDE_TOKENS), time.monotonic()))
+                for p in prompts[1:]:
+                    ask(s, p, max_tokens=4)
+                long_sent = time.monotonic()
+                ask(s, long, max_tokens=4)
+                after = [ask(s, prompts[0]), ask(s, prompts[0], **SEEDED)]
+                beside, beside_done = beside.result()
             counters = {k: metric(s, f"pb_host_tier_{k}_blocks_total") for k in ("saved", "restored", "dropped")}
             counters["held"] = metric(s, "pb_host_tier_held_blocks")
-            got[arm] = {"lengths": lengths, "before": before, "after": after, "counters": counters}
+            got[arm] = {"lengths": lengths, "before": before, "after": after, "counters": counters,
+                        "alone": alone, "beside": beside, "overlapped": beside_done > long_sent}
         finally:
             s.stop()
     return got
@@ -84,6 +96,13 @@ def test_replies_are_those_before_the_eviction(runs):
         before, after = runs[arm]["before"], runs[arm]["after"]
         assert [r for r, _, _ in after] == [r for r, _, _ in before], arm
     assert runs["0"]["before"][0][0] == runs["4"]["before"][0][0]
+
+
+def test_a_reply_running_meanwhile_is_the_one_it_gets_alone(runs):
+    """Eviction, saves and restores while another request decodes leave its blocks alone."""
+    for arm in ("0", "4", "4-tp2"):
+        assert runs[arm]["overlapped"], arm  # it was still decoding when the long prompt came
+        assert runs[arm]["beside"][0] == runs[arm]["alone"][0], arm
 
 
 def test_a_tensor_parallel_pairs_ranks_bring_back_the_same_blocks(runs):
