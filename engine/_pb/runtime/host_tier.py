@@ -131,23 +131,18 @@ def save(cache, allocator, blocks) -> None:
     table.saved += len(copies)
 
 
-def _hashes(allocator, prompt_ids: list[int]) -> list[int]:
-    """The chained hashes of the prompt's whole blocks that upstream's match looks up."""
+def _wanted(allocator, table: Table, prompt_ids: list[int], hashes: list[int]) -> list[int]:
+    """The hashes to bring back: after the pool's own blocks, those the table holds, up to the
+    first block found in neither (upstream's match stops there). The prompt's whole blocks are
+    hashed as upstream hashes them, one at a time and only as far as the walk goes (a new
+    prompt's first block is in neither); `hashes` keeps those made for a second walk."""
     from ...generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
 
-    page, parent, out = allocator.tokens_per_page, None, []
+    page, in_pool, wanted = allocator.tokens_per_page, allocator.ledger.hash_to_block, []
     for b in range((len(prompt_ids) - 1) // page):
-        parent = compute_block_hash(parent, prompt_ids[b * page:(b + 1) * page])
-        out.append(parent)
-    return out
-
-
-def _wanted(allocator, table: Table, hashes: list[int]) -> list[int]:
-    """The hashes to bring back: after the pool's own blocks, those the table holds, up to the
-    first hash found in neither (upstream's match stops there)."""
-    in_pool = allocator.ledger.hash_to_block
-    wanted = []
-    for block_hash in hashes:
+        if b == len(hashes):
+            hashes.append(compute_block_hash(hashes[-1] if hashes else None, prompt_ids[b * page:(b + 1) * page]))
+        block_hash = hashes[b]
         if block_hash in in_pool:
             if wanted:  # the match would stop at the first missing block anyway
                 break
@@ -173,13 +168,13 @@ def restore(cache, prompt_ids: list[int]) -> None:
         table = tables.get(allocator.index)
         if table is None or not table.slot_of:  # nothing saved yet: no hashing on the way in
             continue
-        hashes = _hashes(allocator, prompt_ids)
-        wanted = _wanted(allocator, table, hashes)
+        hashes: list[int] = []
+        wanted = _wanted(allocator, table, prompt_ids, hashes)
         if not wanted:
             continue
         if _free_blocks(cache, allocator) < len(wanted):
             cache.evict_cached_blocks()  # upstream's own answer to a short pool; what it evicts goes to the table
-            wanted = _wanted(allocator, table, hashes)
+            wanted = _wanted(allocator, table, prompt_ids, hashes)
         count = min(len(wanted), _free_blocks(cache, allocator))
         if count == 0:
             continue
