@@ -132,3 +132,21 @@ def test_a_full_table_lets_the_least_recently_used_go(patched_engine):
     assert list(table.slot_of) == [103, 101, 104]
     table.clear()
     assert not table.slot_of and len(table.free) == 3
+
+
+def test_a_table_larger_than_the_host_can_spare_is_cut_to_half_its_available_memory(patched_engine, monkeypatch):
+    """A size meant for a serving node (the production set's 32 GiB) on a smaller machine: the
+    table takes at most half the available memory, shared by the ranks that meet on loopback."""
+    tier = engine_module(patched_engine, "runtime.host_tier")
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    alone = tier.host_room_mib()
+    available = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemAvailable:"))
+    assert abs(alone - available // 2048) < available // 2048 // 4  # memory moves a little between the reads
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert tier.local_ranks() == 2
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.2")  # one rank a node
+    assert tier.local_ranks() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert tier.local_ranks() == 4

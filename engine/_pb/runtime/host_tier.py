@@ -10,7 +10,8 @@ prompt is a full prefill, where copying its keys and values from pinned host mem
 1.6 GB (air12 bf16) over PCIe.
 
 With the knob set to a size in MiB, a table of that much pinned host memory is allocated when
-the engine starts, in slots of one block each:
+the engine starts, in slots of one block each (at most half the memory the host has available
+then, over its local ranks; a smaller table is said on stderr):
 - eviction: before upstream gives a cached block back to the pool, its bytes are copied to a
   slot, filed under its hash, unless a slot already holds that hash (it is then only marked as
   recently used). A full table reuses its least recently used slot.
@@ -33,6 +34,7 @@ by 0760 and blocks given back by 0780 (rejected) do not go to the table. `/metri
 blocks saved, brought back and dropped, and the blocks held (`pb_host_tier_*`).
 """
 
+import os
 import sys
 from collections import OrderedDict
 
@@ -45,6 +47,31 @@ MIB = 1 << 20
 
 def size_mib() -> int:
     return int(knobs.get("PB_HOST_TIER_MB") or 0)
+
+
+def local_ranks() -> int:
+    """The ranks on this host: LOCAL_WORLD_SIZE where a launcher sets it, every rank where they
+    meet on a loopback address (a pair on one machine), else one."""
+    env = os.environ
+    count = env.get("LOCAL_WORLD_SIZE")
+    if count is None and env.get("MASTER_ADDR") in ("127.0.0.1", "localhost", "::1"):
+        count = env.get("WORLD_SIZE")
+    try:
+        return max(1, int(count or 1))
+    except ValueError:
+        return 1
+
+
+def host_room_mib() -> int | None:
+    """The most a table may take on this host: half of the memory available now, shared by the
+    ranks on it, so a size meant for a serving node (preflight checks it there) cannot exhaust a
+    smaller machine. None where the host does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kib // 1024 // 2 // local_ranks()
 
 
 class Table:
@@ -91,6 +118,11 @@ def attach(cache, stream) -> None:
         return
     pinned = cache.device.type == "cuda"
     sharing = [a for a in cache.cache_allocators.values() if a.use_block_sharing]
+    room = host_room_mib()
+    if room is not None and mib > room:
+        sys.stderr.write(f"patchbay: PB_HOST_TIER_MB: {mib} MiB asked, but this host has {room} MiB to spare for "
+                         f"it (half its available memory over its {local_ranks()} local rank(s)): {room} MiB\n")
+        mib = room
     for allocator in sharing:
         slots = mib * MIB // len(sharing) // allocator.bytes_per_block
         if slots > 0:
