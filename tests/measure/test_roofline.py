@@ -2,7 +2,7 @@
 
 import pytest
 
-from patchbay.device import roofline
+from patchbay.measure import roofline
 from patchbay.runtime import synth
 
 

@@ -214,9 +214,7 @@ def assemble(results_dir: Path, slug: str, parts: list[tuple[str, Path, str]], e
     throughput next to the roofline of synthetic:air12."""
     import shutil
 
-    from . import roofline
-
-    from ..measure import windows
+    from ..measure import roofline, windows
     from ..runtime.synth import air12_config
 
     config = air12_config()
@@ -253,7 +251,7 @@ def assemble(results_dir: Path, slug: str, parts: list[tuple[str, Path, str]], e
     lines += ["Aggregate tok/s is completion tokens over each pass's wall time (the mean of the two arms of an "
               "A/A run, both arms sending the same request); per-stream decode tok/s counts tokens after the "
               "first; the roofline is the H200's 4.16 TB/s over the bf16 weight bytes one step reads "
-              "(`patchbay.device.roofline`).", "",
+              "(`patchbay.measure.roofline`).", "",
               "| server setting | level | aggregate tok/s | arm A / B | per-stream decode tok/s | TTFT ms | "
               "roofline tok/s | of roofline |", "|---|---|---:|---:|---:|---:|---:|---:|", *rows, ""]
     for name, _src, note in parts:

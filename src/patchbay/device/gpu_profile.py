@@ -253,8 +253,8 @@ def main(argv: list[str]) -> int:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+    from ..measure import roofline
     from ..runtime.synth import build_air12
-    from . import roofline
 
     p = argparse.ArgumentParser(prog="python -m patchbay.device profile")
     p.add_argument("--out", required=True)

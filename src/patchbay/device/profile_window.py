@@ -45,7 +45,7 @@ def window_tables(parts: list[tuple[str, dict]]) -> tuple[list[str], dict]:
              "`host gap` = wall − GPU busy: host work between steps that the GPU waits for. A cold-prompt "
              "row is one prompt's time to its first token, not a decode step.", "",
              "## Throughput (aggregate tok/s; roofline = HBM bandwidth over the bf16 bytes a step reads, "
-             "`patchbay.device.roofline`)", "",
+             "`patchbay.measure.roofline`)", "",
              "| part / setting | level | aggregate tok/s | per-stream decode tok/s | roofline tok/s | of roofline | "
              "distinct replies | replies sha |", "|---|---|---:|---:|---:|---:|---:|---|", *speed, ""]
     if ttft:

@@ -1,4 +1,4 @@
-"""The measuring verbs: exact, score, ab, soak, results. The CLI adds them with add_verbs; a GPU job
+"""The measuring verbs: exact, score, ab, soak, drafts, results. The CLI adds them with add_verbs; a GPU job
 runs one in its own process with run(), with the same messages and exit codes.
 
 Each cmd_* takes the parsed arguments and returns the exit code; bad input raises Fail(…, 2).
@@ -15,6 +15,9 @@ from .. import ROOT
 from ..runtime.models import model_path
 from ..series.series import load_usable
 from ..verb import Fail, generated, guarded
+
+
+DRAFTS_CONTEXT = 4096  # synthetic:trained's context for `drafts`: a 1,024-token text, the template and a reply
 
 
 def cmd_exact(args) -> int:
@@ -349,6 +352,54 @@ def _alternation(a_path: str, b_path: str):
     return launch.Alternation({"A": a, "B": b}, build.build(series, progress=lambda *_: None), model_path(a), files)
 
 
+def cmd_drafts(args) -> int:
+    from ..runtime import trained
+    from ..runtime.launch import engine_env
+    from ..runtime.models import trained_path
+    from ..runtime.synth import air12_config
+    from ..series import build
+    from . import draft, windows
+
+    if args.max_tokens < 1:
+        raise Fail(f"--max-tokens {args.max_tokens}: must be at least 1", 2)
+    results_dir = Path(args.results_dir) if args.results_dir else windows.RESULTS_DIR
+    try:
+        if args.window:
+            windows.check_slug(args.window)
+        model = args.model_dir
+        if not model:
+            model = str(trained_path(0, DRAFTS_CONTEXT))
+            trained.write_trained(model, 0, DRAFTS_CONTEXT)
+        engine = build.build(_load_series(args.series), progress=lambda *_: None)
+        try:
+            found = draft.probe_engine(engine_env(engine, {}), model, args.max_tokens)
+        except RuntimeError as e:
+            raise Fail(str(e)) from None
+        rows = draft.summarize(found["records"], air12_config())
+        table = draft.render(rows)
+        best = max((r for r in rows if r["kind"] == "edit" and r["mode"] == "greedy"),
+                   key=lambda r: r["tokens_per_step"])
+        headline = (f"prompt-lookup on {Path(model).name}'s greedy edit replies: {best['tokens_per_step']:.2f} "
+                    f"tokens a step at K={best['k']}, n-grams {best['ngrams']}")
+        print(table + headline)
+        if args.window:
+            window = windows.create(results_dir, args.window)
+            windows.write_start(window, invocation(), {"model": model, "max_tokens": args.max_tokens,
+                                                       "draft_lengths": list(draft.DRAFT_LENGTHS),
+                                                       "ngrams": [list(n) for n in draft.NGRAMS]})
+            windows.append_raw(window, found["records"])
+            summary = {"headline": headline, "rows": rows}
+            windows.write_summary(window, summary, lambda name, command, mach: (
+                f"# {name}: {headline}\n\nCommand: `{command}`\n\nMachine: {mach.get('cpus')} CPUs, "
+                f"torch {mach.get('torch')}\n\n{table}"))
+            if results_dir.resolve() == windows.RESULTS_DIR.resolve():
+                windows.INDEX.write_text(windows.render_index(results_dir, windows.INDEX))
+            print(f"window {window}")
+    except windows.WindowError as e:
+        raise Fail(str(e), 2) from None
+    return 0
+
+
 def invocation() -> str:
     """This process's command line as typed: `python -m patchbay ab …` (or `python -m
     patchbay.device ab …` on a GPU machine), a script by its name."""
@@ -483,6 +534,13 @@ def add_verbs(verb) -> None:
     sk.add_argument("--window", metavar="SLUG", help="write a results window results/WNN-SLUG/")
     sk.add_argument("--results-dir", help="where windows go (default: results/)")
     sk.add_argument("--quiet", action="store_true", help="no progress lines and no table, only the headline")
+    dr = verb("drafts", cmd_drafts, "what prompt-lookup drafting would accept on a model's own greedy and "
+              "sampled replies (edits of files, summaries of prose), read off the serial replies")
+    dr.add_argument("--model-dir", help="a checkpoint folder (default: synthetic:trained, seed 0)")
+    dr.add_argument("--series", help="another series folder (default: patches/); the knobs stay unset")
+    dr.add_argument("--max-tokens", type=int, default=256, help="reply length (default: %(default)s)")
+    dr.add_argument("--window", metavar="SLUG", help="write a results window results/WNN-SLUG/")
+    dr.add_argument("--results-dir", help="where windows go (default: results/)")
     rs = verb("results", cmd_results, "regenerate docs/RESULTS.md, the index of the results windows")
     rs.add_argument("--check", action="store_true", help="only report whether it is stale")
     rs.add_argument("--results-dir", help="the windows' folder (default: results/)")
