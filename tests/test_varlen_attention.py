@@ -85,6 +85,18 @@ def test_cache_read_attends_from_the_pages_with_the_gathers_bits(on):
     assert got["replies_equal"] is True
 
 
+def test_a_drafted_steps_rows_attended_as_decode_rows_equal_the_serial_steps(on):
+    # drafted == serial (issue 26): a token and four guesses after 700 cached keys, each its own
+    # decode row over its own prefix of the cache (an index repeating the prefix's rows), next to
+    # another decode row and a prompt chunk, get the bits of five serial decode steps; as one prompt
+    # chunk they are only close (0740 splits rows past 512 keys: another order of sums)
+    got = on["verify_rows"]
+    assert got["rows"] == 5 and got["equal_bits"] is True and got["max_abs_diff"] == 0.0
+    assert got["as_prompt_chunk_max_abs_diff"] < 1e-5
+    if on["split_on"]:
+        assert got["as_prompt_chunk_equal_bits"] is False
+
+
 def test_knob_off_keeps_upstreams_path(patched_engine):
     code = ("from transformers._pb.ops import varlen_attention as v; v.at_load(); "
             "import torch; print(v.ENABLED, v.forward(None, torch.zeros(1, 2, 3, 16), torch.zeros(1, 1, 3, 16), "

@@ -4,6 +4,7 @@ prompt blocks): 0370's kernel against upstream's masked sdpa on random steps, a 
 against the same sequence among others, and the tiny model's greedy replies through the batching
 loop. Prints one JSON line."""
 
+import functools
 import json
 import random
 import sys
@@ -146,6 +147,45 @@ def split_decode() -> dict:
     return report
 
 
+def verify_rows(past: int = 700, drafts: int = 4) -> dict:
+    """What drafted == serial needs of attention: a sequence's last token and `drafts` guesses
+    after it, attended in one step as one decode row each over its own prefix of the keys (the
+    cache read through an index that repeats the prefix's rows, as 0750 reads pages), among
+    another sequence's decode row and a prompt chunk, against the serial decode steps one at a
+    time. Also the same rows as one prompt chunk (the prompt kernel's order of sums)."""
+    gen = torch.Generator().manual_seed(6)
+    new = drafts + 1
+    q, k, v, _, _ = step([(past, new)], 0, 0, gen)
+    serial = [kernel(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], [0, 1], [0, past + j + 1])
+              for j in range(new)]
+    # the step: a decode row of 300 keys, the verify rows, a prompt chunk of 20 after 10 cached
+    oq, ok, ov, _, _ = step([(299, 1)], 0, 0, gen)
+    pq, pk, pv, _, _ = step([(10, 20)], 0, 0, gen)
+    query = torch.cat([oq, q, pq], dim=2)
+    cache_k, cache_v = torch.cat([ok, k, pk], dim=2), torch.cat([ov, v, pv], dim=2)  # the pages' rows
+    first = ok.shape[2]
+    index = list(range(first))
+    cu_q, cu_k = [0, 1], [0, first]
+    for j in range(new):
+        index += range(first, first + past + j + 1)
+        cu_q.append(cu_q[-1] + 1)
+        cu_k.append(cu_k[-1] + past + j + 1)
+    second = first + k.shape[2]
+    index += range(second, second + pk.shape[2])
+    cu_q.append(cu_q[-1] + 20)
+    cu_k.append(cu_k[-1] + pk.shape[2])
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int32)
+    got = varlen_attention._attend(query, cache_k, cache_v, DIM ** -0.5, as_tensor(cu_q), as_tensor(cu_k),
+                                   index=torch.tensor(index, dtype=torch.int64), fast=False)
+    rows = [got[:, 1 + j:2 + j] for j in range(new)]
+    chunk = kernel(q, k, v, [0, new], [0, past + new])
+    return {"rows": new, "equal_bits": all(torch.equal(r, s) for r, s in zip(rows, serial)),
+            "max_abs_diff": max((r - s).abs().max().item() for r, s in zip(rows, serial)),
+            "as_prompt_chunk_equal_bits": all(torch.equal(chunk[:, j:j + 1], serial[j]) for j in range(new)),
+            "as_prompt_chunk_max_abs_diff": max((chunk[:, j:j + 1] - serial[j]).abs().max().item()
+                                                for j in range(new))}
+
+
 def cache_read(model_dir: str) -> dict:
     """0750: the tiny model's greedy replies to prompts of 20 to 400 tokens through the batching
     loop, steps of at most 256 tokens (the long prompt in chunks after its cached keys, beside
@@ -219,7 +259,8 @@ report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
           "descriptors": varlen_attention.FAST and varlen_attention._descriptors(probe[1], probe[2]) is not None,
           "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
           "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch(),
-          "split_on": varlen_attention.SPLIT, "read_cache_on": varlen_attention.READ_CACHE}
+          "split_on": varlen_attention.SPLIT, "read_cache_on": varlen_attention.READ_CACHE,
+          "verify_rows": verify_rows()}
 if varlen_attention.SPLIT:
     report["split"] = split_decode()
 if len(sys.argv) > 1:
