@@ -85,10 +85,23 @@ def test_summarize_rows_cover_every_kind_mode_length_and_ngram_range():
     records = [{"kind": "edit", "mode": "greedy", "prompt": [1, 2, 3, 4] * 20, "reply": [1, 2, 3, 4] * 5},
                {"kind": "prose", "mode": "sampled", "prompt": [5, 6, 7], "reply": [8, 9, 10]}]
     rows = draft.summarize(records)
-    assert len(rows) == 2 * len(draft.NGRAMS) * len(draft.DRAFT_LENGTHS)
+    assert len(rows) == 2 * len(draft.NGRAMS) * (len(draft.DRAFT_LENGTHS) + 1)
     edit = [r for r in rows if r["kind"] == "edit" and r["ngrams"] == "4..2"]
-    assert [r["k"] for r in edit] == list(draft.DRAFT_LENGTHS)
-    assert edit[-1]["tokens_per_step"] > edit[0]["tokens_per_step"] > 1.0
+    assert [r["k"] for r in edit] == [*draft.DRAFT_LENGTHS, "<=8 adaptive"]
+    assert edit[-2]["tokens_per_step"] > edit[0]["tokens_per_step"] > 1.0
     prose = [r for r in rows if r["kind"] == "prose"]
     assert all(r["drafted"] == 0 and r["tokens_per_step"] == 1.0 for r in prose)
     assert "| edit | greedy | 4..2 | 8 |" in draft.render(rows)
+
+
+def test_adaptive_drafts_shrink_where_they_miss_and_grow_back_where_they_agree():
+    rng = random.Random(3)
+    prompt = [rng.randrange(8) for _ in range(400)]
+    reply = [rng.randrange(8) for _ in range(300)]  # matches everywhere, mostly wrong guesses
+    fixed, adaptive = replay(prompt, reply, 8, 2, 1), replay(prompt, reply, 8, 2, 1, adaptive=True)
+    assert adaptive.drafted < fixed.drafted / 2
+    assert adaptive.accepted + adaptive.steps == adaptive.tokens == 300
+    assert max(adaptive.step_drafts) <= 8
+    text = list(range(100, 200))
+    copying = replay([1] + text + [2], text[:90], 8, 2, 1, adaptive=True)
+    assert copying.step_drafts[-3] == 8  # a run of agreeing drafts regrows the draft to its longest

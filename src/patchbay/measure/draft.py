@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 # Draft lengths and n-gram ranges (longest, shortest) the report compares.
 DRAFT_LENGTHS = (1, 2, 4, 8)
+ADAPTIVE_MAX = 8  # the adaptive rows' longest draft
 NGRAMS = ((4, 2), (3, 1))
 EDIT_INSTRUCTION = ("Here is a file of our repository. Add type hints where they are missing and fix anything "
                     "you think is a bug. Reply with the whole edited file.")
@@ -85,14 +86,18 @@ class Replay:
         return self.tokens / self.steps if self.steps else 0.0
 
 
-def replay(prompt: list[int], reply: list[int], k: int, longest: int = 4, shortest: int = 2) -> Replay:
+def replay(prompt: list[int], reply: list[int], k: int, longest: int = 4, shortest: int = 2,
+           adaptive: bool = False) -> Replay:
     """The verify steps a drafter of up to k tokens takes along `reply` (the serial reply to
-    `prompt`): each step keeps the drafted tokens that agree with the reply, then the model's own."""
+    `prompt`): each step keeps the drafted tokens that agree with the reply, then the model's own.
+    `adaptive`: k is the most a step drafts; a step drafts one more than the last step kept
+    (starting at k), so a request whose drafts miss drafts little."""
     look = Lookup(prompt, longest, shortest)
     pos = drafted = accepted = from_reply = 0
     step_drafts = []
+    length = k
     while pos < len(reply):
-        start, guess = look.match(k) if k > 0 else (-1, [])
+        start, guess = look.match(length) if length > 0 else (-1, [])
         agree = 0
         while agree < len(guess) and pos + agree < len(reply) and guess[agree] == reply[pos + agree]:
             agree += 1
@@ -103,6 +108,8 @@ def replay(prompt: list[int], reply: list[int], k: int, longest: int = 4, shorte
         accepted += advance - 1
         from_reply += advance - 1 if start >= len(prompt) else 0
         step_drafts.append(len(guess))
+        if adaptive and guess:
+            length = min(k, agree + 1)
     return Replay(len(reply), len(step_drafts), drafted, accepted, step_drafts, from_reply)
 
 
@@ -199,11 +206,12 @@ def summarize(records: list[dict], air_config=None) -> list[dict]:
     for kind, mode in groups:
         chosen = [r for r in records if r["kind"] == kind and r["mode"] == mode]
         for longest, shortest in NGRAMS:
-            for k in DRAFT_LENGTHS:
-                runs = [replay(r["prompt"], r["reply"], k, longest, shortest) for r in chosen]
+            for k, adaptive in [(k, False) for k in DRAFT_LENGTHS] + [(ADAPTIVE_MAX, True)]:
+                runs = [replay(r["prompt"], r["reply"], k, longest, shortest, adaptive) for r in chosen]
                 tokens, steps = sum(r.tokens for r in runs), sum(r.steps for r in runs)
                 drafted, accepted = sum(r.drafted for r in runs), sum(r.accepted for r in runs)
-                row = {"kind": kind, "mode": mode, "k": k, "ngrams": f"{longest}..{shortest}",
+                row = {"kind": kind, "mode": mode, "k": f"<={k} adaptive" if adaptive else k,
+                       "ngrams": f"{longest}..{shortest}",
                        "replies": len(runs), "tokens": tokens, "steps": steps,
                        "tokens_per_step": tokens / steps if steps else 0.0,
                        "drafted": drafted, "accepted": accepted,
@@ -214,6 +222,20 @@ def summarize(records: list[dict], air_config=None) -> list[dict]:
                     row["air12_bytes_speedup"] = bytes_speedup(runs, air_config)
                 rows.append(row)
     return rows
+
+
+def headline(rows: list[dict], name: str) -> str:
+    """The adaptive drafter's tokens a step on edits and its air12 bytes where drafts miss most."""
+    def row(kind, mode):
+        return next(r for r in rows if r["kind"] == kind and r["mode"] == mode and r["ngrams"] == "4..2"
+                    and str(r["k"]).endswith("adaptive"))
+
+    parts = []
+    for kind, mode in (("edit", "greedy"), ("edit", "sampled"), ("prose", "sampled")):
+        r = row(kind, mode)
+        parts.append(f"{kind} {mode} {r['tokens_per_step']:.2f} tokens a step (air12 bytes "
+                     f"x{r.get('air12_bytes_speedup', 0.0):.3f})")
+    return f"prompt-lookup (K adaptive <= {ADAPTIVE_MAX}, n-grams 4..2) on {name}'s replies: " + "; ".join(parts)
 
 
 def render(rows: list[dict]) -> str:

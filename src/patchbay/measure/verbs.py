@@ -377,10 +377,7 @@ def cmd_drafts(args) -> int:
             raise Fail(str(e)) from None
         rows = draft.summarize(found["records"], air12_config())
         table = draft.render(rows)
-        best = max((r for r in rows if r["kind"] == "edit" and r["mode"] == "greedy"),
-                   key=lambda r: r["tokens_per_step"])
-        headline = (f"prompt-lookup on {Path(model).name}'s greedy edit replies: {best['tokens_per_step']:.2f} "
-                    f"tokens a step at K={best['k']}, n-grams {best['ngrams']}")
+        headline = draft.headline(rows, Path(model).name)
         print(table + headline)
         if args.window:
             window = windows.create(results_dir, args.window)
