@@ -16,6 +16,9 @@ draft length and n-gram sizes worth building, are measured before the engine wor
   sequence reads the weights a decode step of d + 1 sequences reads (`roofline.step_params`); the
   estimate divides the reply's tokens by the steps' bytes against plain decode's.
 
+Each draft length is walked fixed and adaptive (a step drafts one more token than the last step
+kept, up to the longest), over two ranges of n-gram sizes.
+
 `python -m patchbay drafts` runs it on `synthetic:trained` (a model that copies what it has read):
 edits of held-out standard-library files and summaries of prose, greedy and sampled.
 """
