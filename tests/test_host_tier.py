@@ -10,7 +10,6 @@ saved and restored. A tensor-parallel pair (CPU, gloo) brings back the same bloc
 and replies as one process does.
 """
 
-import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,11 +19,11 @@ import pytest
 from patchbay.runtime.models import model_path
 
 from .conftest import ALL_ON, LOCAL, Server, engine_module, free_port
+from .test_partial_evict import TEXT, pressure_prompts
 from .test_prefix_reuse import ask, prompt_ids
 
 pytestmark = pytest.mark.engine
 
-TEXT = open(argparse.__file__).read()
 SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 5}
 SIDE_TOKENS = 512  # long enough to be decoding still when the long prompt evicts
 
@@ -47,8 +46,7 @@ def runs(patched_engine, tmp_path_factory):
         s = Server(patched_engine, model_path(LOCAL), knobs, tmp_path_factory.mktemp(f"run-host-{arm}"),
                    tp=tp, rdzv_port=free_port(), engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
         try:
-            prompts = [f"Host tier {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
-            long = f"Host tier (long).\n{TEXT[20000:29000]}"
+            prompts, long = pressure_prompts("Host tier")
             lengths = [len(prompt_ids(s, p)) for p in [*prompts, long]]
             side = f"Host tier (side).\n{TEXT[40000:41000]}"
             alone = ask(s, side, max_tokens=SIDE_TOKENS)

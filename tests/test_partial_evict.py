@@ -21,6 +21,13 @@ pytestmark = pytest.mark.engine
 TEXT = open(argparse.__file__).read()
 
 
+def pressure_prompts(label: str) -> tuple[list[str], str]:
+    """Three prompts of four to six blocks and a long one of about nine (the tiny tokenizer), each
+    opened by `label` so no other test's blocks match them: together more than a 24-block pool."""
+    prompts = [f"{label} {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
+    return prompts, f"{label} (long).\n{TEXT[20000:29000]}"
+
+
 @pytest.fixture(scope="module")
 def replies(patched_engine, tmp_path_factory):
     """For the knob off and on: the three prompts' replies, the long one's, then the cached
@@ -32,8 +39,7 @@ def replies(patched_engine, tmp_path_factory):
         s = Server(patched_engine, model_path(LOCAL), knobs, tmp_path_factory.mktemp(f"run-evict-{knob}"),
                    engine_args="--cb-num-blocks 24 --cb-max-batch-tokens 1024")
         try:
-            prompts = [f"Eviction {i}.\n{TEXT[6000 * i:6000 * i + 5400]}" for i in range(3)]
-            long = f"Eviction (long).\n{TEXT[20000:29000]}"
+            prompts, long = pressure_prompts("Eviction")
             lengths = [len(prompt_ids(s, p)) for p in [*prompts, long]]
             first = [ask(s, p, max_tokens=4) for p in [*prompts, long]]
             third, first_again = ask(s, prompts[2], max_tokens=4), ask(s, prompts[0], max_tokens=4)
