@@ -189,13 +189,10 @@ def probe(model_dir: str, max_tokens: int = 256, budget: int = 1024, seed: int =
 
 def probe_engine(engine_env: dict[str, str], model_dir: str, max_tokens: int) -> dict:
     """`probe` in a fresh interpreter whose transformers is the given engine."""
-    import subprocess
+    from .exact import run_in_engine
 
-    proc = subprocess.run([sys.executable, "-m", "patchbay.measure.draft", model_dir, str(max_tokens)],
-                          env=engine_env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the drafting probe failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_engine("patchbay.measure.draft", [model_dir, str(max_tokens)], engine_env, "the drafting probe",
+                         timeout=3600)
 
 
 # ---- the report ---------------------------------------------------------------------------------

@@ -152,12 +152,18 @@ def score_served(url: str, model: str, together: bool = False, timeout: float = 
         raise RuntimeError(f"{url} is not reachable ({type(e).__name__}: {e})") from None
 
 
-def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "patchbay.measure.exact", verb, model_dir], env=engine_env,
-                          capture_output=True, text=True, timeout=600)
+def run_in_engine(module: str, args: list[str], engine_env: dict[str, str], what: str, timeout: float = 600) -> dict:
+    """`python -m module args…` in a fresh interpreter whose transformers is the given engine: the
+    JSON of its last line of output."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], env=engine_env, capture_output=True, text=True,
+                          timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{verb} failed: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _in_engine(verb: str, engine_env: dict[str, str], model_dir: str) -> dict:
+    return run_in_engine("patchbay.measure.exact", [verb, model_dir], engine_env, verb)
 
 
 def score_engine_tp(engine_env: dict[str, str], model_dir: str, ranks: int, rdzv_port: int) -> dict:
