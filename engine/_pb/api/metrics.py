@@ -307,13 +307,18 @@ def gpu_memory(gauge):
     yield from families
 
 
+def _processor(generation_state):
+    """The batching engine's batch processor (None before it starts)."""
+    cb = getattr(getattr(generation_state, "_cb_manager", None), "_cb", None)
+    return getattr(cb, "batch_processor", None)
+
+
 def host_tier(generation_state, counter, gauge):
     """0790 PB_HOST_TIER_MB's table: prefix blocks saved to host memory on eviction, brought back
     for a prompt, dropped for room, and held now (nothing with the knob unset)."""
     from ..runtime import host_tier as tier
 
-    cb = getattr(getattr(generation_state, "_cb_manager", None), "_cb", None)
-    processor = getattr(cb, "batch_processor", None)
+    processor = _processor(generation_state)
     counts = tier.stats(processor.cache) if processor is not None else None
     if counts is None:
         return
@@ -323,6 +328,20 @@ def host_tier(generation_state, counter, gauge):
         yield counter(f"pb_host_tier_{key}_blocks", doc, value=counts[key])
     yield gauge("pb_host_tier_held_blocks", "Blocks the host memory table holds", value=counts["held"])
     yield gauge("pb_host_tier_slots_blocks", "Blocks the host memory table can hold", value=counts["slots"])
+
+
+def drafts(generation_state, counter):
+    """0800 PB_DRAFT_TOKENS: request steps that verified drafts, tokens drafted, and those kept
+    (nothing while the engine cannot draft: asynchronous batching, or not started)."""
+    from ..runtime import drafts as drafting
+
+    counts = drafting.stats(_processor(generation_state))
+    if counts is None:
+        return
+    for key, doc in (("steps", "Request steps that verified drafted tokens"),
+                     ("drafted", "Tokens drafted from n-gram matches in the prompt and reply"),
+                     ("accepted", "Drafted tokens kept: the reply's own next tokens")):
+        yield counter(f"pb_draft_{key}", doc, value=counts[key])
 
 
 def ranks() -> dict:
@@ -353,6 +372,7 @@ def _make(generation_state) -> dict:
                 yield GaugeMetricFamily(name, doc, value=counts[key])
             yield from gpu_memory(GaugeMetricFamily)
             yield from host_tier(generation_state, CounterMetricFamily, GaugeMetricFamily)
+            yield from drafts(generation_state, CounterMetricFamily)
 
     registry.register(Live())
     return {

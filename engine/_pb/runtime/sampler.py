@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import knobs
-from . import batched_sampler, grammar_overlap, graphs, sampler_graph, sort_free, tp
+from . import batched_sampler, drafts, grammar_overlap, graphs, sampler_graph, sort_free, tp
 
 
 _specs: dict = {}
@@ -91,11 +91,12 @@ def release(request_id: str) -> None:
 
 
 def _rows(runner) -> list:
-    """The request state behind each logits row of the batch being computed."""
+    """(request state, row of its step) behind each logits row of the batch being computed: a
+    drafting request (0800) has a row per verified token."""
     io = runner.inputs_and_outputs
     if hasattr(io, "io_pairs"):
         io = io.io_pairs[io.current_pair].host_io
-    return [fs.state for fs in io.requests_in_batch if fs.has_new_token]
+    return drafts.logit_rows(io.requests_in_batch)
 
 
 def _batch_is_greedy(runner) -> bool:
@@ -116,7 +117,7 @@ def _override(runner, logits: torch.Tensor, output_ids: torch.Tensor) -> None:
     # refuses such requests up front; this keeps a capture from failing if one slips through).
     if not _specs or (logits.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
-    rows = [(i, _specs.get(state.request_id)) for i, state in enumerate(_rows(runner))]
+    rows = [(i, drafts.row_spec(state, j, _specs.get(state.request_id))) for i, (state, j) in enumerate(_rows(runner))]
     # A plain greedy request in a batch that is itself plain greedy already has its token (the
     # batch's argmax of the same float32 logits): such rows are left alone, so an all-greedy
     # batch costs no extra kernels and no wait for the step's logits.

@@ -25,9 +25,12 @@ edits of held-out standard-library files and summaries of prose, greedy and samp
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
+
+from .. import ROOT
 
 # Draft lengths and n-gram ranges (longest, shortest) the report compares.
 DRAFT_LENGTHS = (1, 2, 4, 8)
@@ -38,40 +41,17 @@ EDIT_INSTRUCTION = ("Here is a file of our repository. Add type hints where they
 PROSE_INSTRUCTION = "Summarize the text below in five bullet points for a new team member."
 
 
-class Lookup:
-    """A growing token list and, for every n from `shortest` to `longest`, where each n-gram last
-    ended: `propose(k)` gives up to k tokens that followed the latest earlier occurrence of the
-    list's last n tokens, the longest n that occurred first; [] where none did."""
+def _engine_lookup():
+    """engine/_pb/runtime/draft_lookup.py as a module of its own (stdlib only): the class the
+    engine drafts with, so what this measures is what the engine would keep."""
+    spec = importlib.util.spec_from_file_location("patchbay._engine_draft_lookup",
+                                                  ROOT / "engine" / "_pb" / "runtime" / "draft_lookup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, ids=(), longest: int = 4, shortest: int = 2):
-        if not 1 <= shortest <= longest:
-            raise ValueError(f"n-grams from {shortest} to {longest}: need 1 <= shortest <= longest")
-        self.longest, self.shortest = longest, shortest
-        self.ids: list[int] = []
-        self._ends: dict[int, dict[tuple, int]] = {n: {} for n in range(shortest, longest + 1)}
-        self.extend(ids)
 
-    def extend(self, tokens) -> None:
-        ids, ends = self.ids, self._ends
-        for token in tokens:
-            end = len(ids)
-            # the n-grams ending here, before the token that follows them joins: the list's own last
-            # n-gram is never its own match
-            for n in range(self.shortest, min(self.longest, end) + 1):
-                ends[n][tuple(ids[end - n:end])] = end
-            ids.append(int(token))
-
-    def propose(self, k: int) -> list[int]:
-        return self.match(k)[1]
-
-    def match(self, k: int) -> tuple[int, list[int]]:
-        """(where the proposed tokens start in the list, the tokens); (-1, []) where nothing matched."""
-        ids = self.ids
-        for n in range(min(self.longest, len(ids)), self.shortest - 1, -1):
-            end = self._ends[n].get(tuple(ids[len(ids) - n:]))
-            if end is not None:
-                return end, ids[end:end + k]
-        return -1, []
+Lookup = _engine_lookup().Lookup
 
 
 @dataclass

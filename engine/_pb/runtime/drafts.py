@@ -1,0 +1,267 @@
+"""PB_DRAFT_TOKENS: prompt-lookup drafts verified inside continuous batching, the reply unchanged.
+
+A decoding request whose last 4, 3 or 2 tokens occurred earlier in its prompt or reply gets the
+tokens that followed that occurrence as drafts (draft_lookup.Lookup). Its step computes its last
+token and every draft, each as a decode row of its own: one query token over its own prefix of
+the request's cache, the read index repeating the prefix for each row. With the batch-invariant
+kernels a row's bits do not depend on the rows beside it, so each row's logits are those of the
+serial decode step at its position; each row is then chosen at its own reply position (0630's
+draws are keyed by seed and position). The update keeps the drafts that agree with the token
+chosen before them, then the model's own token where they first disagree: the serial reply,
+several tokens for one step. KV written for rejected drafts lies past the request's length and
+its next step overwrites it; prefix blocks are hashed from kept tokens only.
+
+How many tokens a step drafts adapts: one more than the last drafting step kept, at most the
+knob's value (W48 measured this rule). Requests whose choice reads more than their logits, seed
+and position do not draft: grammar masks, forced tokens, penalties, min_tokens, log-probabilities,
+and sampling without 0630 (a generator's draws depend on how many came before). What a request
+may draft is decided when it is added, from its own knobs (pb_knobs), and travels with its
+state, so every tensor-parallel rank drafts alike. A drafting step needs the last step's tokens
+before it is prepared: with the knob set at start, asynchronous batching (0240) is not chosen, and
+under asynchronous batching nothing drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import knobs
+from .draft_lookup import Lookup
+
+LONGEST, SHORTEST = 4, 2  # the n-gram sizes looked up (W48: 4..2 beat 3..1 on sampled prose)
+
+
+def requested() -> int:
+    """The knob's value for the current request (its pb_knobs, else the server's)."""
+    return int(knobs.get("PB_DRAFT_TOKENS") or 0)
+
+
+def decide(cb_config) -> None:
+    """Before upstream's (and 0240's) choice: synchronous batching when the server drafts."""
+    if requested() > 0 and cb_config.use_async_batching is None:
+        cb_config.use_async_batching = False
+
+
+def rows_for(requests: int, most: int) -> int:
+    """Logits rows a batch of `requests` needs when each may verify the knob's drafts (a workload
+    hint's request count sizes the batch: generate_batch), at most `most`."""
+    return min(requests * (1 + max(requested(), 0)), most)
+
+
+class Drafting:
+    """The batch processor's drafting: whether its batches choose plain argmax tokens, and counts."""
+
+    def __init__(self, batch_greedy: bool):
+        self.batch_greedy = batch_greedy
+        self.steps = 0  # request steps that verified drafts
+        self.drafted = 0  # tokens drafted
+        self.accepted = 0  # of them, kept
+
+
+def attach(processor) -> None:
+    """At the processor's start: drafting for synchronous batching only."""
+    processor.scheduler._pb_drafting = None if processor.use_async_batching else Drafting(
+        not processor.do_sample and not processor.return_logprobs and not processor.logit_processor.do_processing)
+
+
+def admit(state) -> None:
+    """When a request is added (on the thread that took it, where its pb_knobs apply): the most it
+    may draft, and whether that needs the batch's own choice to be the argmax (no Spec)."""
+    from . import batched_sampler, sampler
+
+    limit = requested()
+    if limit <= 0:
+        return
+    spec = sampler._specs.get(state.request_id)
+    if spec is None:
+        state._pb_draft = (limit, True)
+    elif spec.forced is None and not batched_sampler.needs_tokens(spec) and (spec.batched or spec.plain_greedy):
+        state._pb_draft = (limit, False)
+
+
+class _Walk:
+    """A request's lookup over its prompt and reply, and its next draft length."""
+
+    def __init__(self, limit: int):
+        self.lookup = Lookup((), LONGEST, SHORTEST)
+        self.length = limit
+
+
+def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budget: int,
+           request_budget: int) -> list:
+    """The scheduler's tokens for a decoding request: its last token and, where it drafts, the
+    drafts; each becomes a row of the step, reading its own prefix of the cache."""
+    from ...generation.continuous_batching.requests import RequestStatus
+
+    state.__dict__.pop("_pb_drafts", None)  # the last step's, verified
+    drafting = getattr(scheduler, "_pb_drafting", None)
+    limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
+    if (drafting is None or limit <= 0 or state.status != RequestStatus.DECODING or len(request_tokens) != 1
+            or (needs_greedy and not drafting.batch_greedy) or scheduler.cache.read_cache_limit is not None):
+        return request_tokens
+    walk = state.__dict__.get("_pb_walk")
+    if walk is None:
+        walk = state._pb_walk = _Walk(limit)
+    known = len(walk.lookup.ids)
+    if known < len(state.initial_tokens):
+        walk.lookup.extend(state.initial_tokens[known:])
+        known = len(walk.lookup.ids)
+    walk.lookup.extend(state.generated_tokens[known - len(state.initial_tokens):])
+    most = min(walk.length, limit, state._new_tokens_limit - state.generated_len() - 1, token_budget - 1,
+               request_budget - 1)
+    guess = walk.lookup.propose(most) if most > 0 else []
+    past = state.position_offset
+    while guess and read_needed(past, len(guess)) > cache_budget:
+        guess = guess[:-1]
+    if guess and not scheduler.cache.can_store_request_tokens(state, len(guess) + 1, dry_run=True):
+        guess = []
+    if not guess:
+        return request_tokens
+    state._pb_drafts = tuple(guess)
+    state.tokens_to_process = list(request_tokens) + guess
+    return state.tokens_to_process
+
+
+def read_needed(past: int, drafts: int) -> int:
+    """Cache entries a step's rows read before their own: past, past + 1, ..., past + drafts."""
+    return (drafts + 1) * past + drafts * (drafts + 1) // 2
+
+
+def drafts_of(state) -> tuple:
+    return state.__dict__.get("_pb_drafts", ())
+
+
+def cache_read(state, past: int) -> int:
+    """The scheduler's cache budget for the request's step."""
+    drafts = drafts_of(state)
+    return read_needed(past, len(drafts)) if drafts else past
+
+
+def rows(state) -> int:
+    """Sequences the request's step adds to the batch (each a logits row)."""
+    return 1 + len(drafts_of(state))
+
+
+def complete_blocks(state, counted: dict) -> dict:
+    """The blocks a step completes, as the scheduler counts them: a drafting step's are counted at
+    its update, from the tokens it kept."""
+    return {} if drafts_of(state) else counted
+
+
+def add_rows(io, future_state, input_ids, position_ids, cu_q, cu_k, logits_indices, read_index, write_index) -> bool:
+    """A drafting request's rows in the step being prepared (False: not drafting, upstream's way).
+    Row j is token j at position past + j, one query token over the cache up to its own entry."""
+    from ...generation.continuous_batching.requests import TMP_TOKEN_ID
+
+    state = future_state.state
+    drafts = drafts_of(state)
+    if not drafts:
+        return False
+    if io.use_block_table:
+        raise RuntimeError("a drafting request in a decode fast-path step")  # the scheduler turns it off
+    past = state.position_offset
+    tokens = state.tokens_to_process
+    for j, token in enumerate(tokens):
+        input_ids.append(token)
+        position_ids.append(past + j)
+        cu_q.append(cu_q[-1] + 1)
+        for layer_type, allocator in io.cache.cache_allocators.items():
+            seqlen_k = allocator.get_seqlen_k(past + j, 1)
+            cu_k[layer_type].append(cu_k[layer_type][-1] + seqlen_k)
+            io.max_length_k[layer_type] = max(io.max_length_k[layer_type], seqlen_k)
+        io.cache.extend_read_and_write_indices(state.request_id, past + j, 1, read_index, write_index)
+        logits_indices.append(cu_q[-1] - 1)
+    io.max_length_q = max(io.max_length_q, 1)
+    io.req_id_to_new_token_position[state.request_id] = logits_indices[-len(tokens)]
+    state.position_offset = past + len(tokens)
+    state.tokens_to_process = [TMP_TOKEN_ID]
+    return True
+
+
+def logit_rows(requests_in_batch) -> list:
+    """(request state, row of its step) for each logits row, in order."""
+    return [(fs.state, j) for fs in requests_in_batch if fs.has_new_token for j in range(rows(fs.state))]
+
+
+def processor_rows(requests_in_batch) -> list:
+    """The batch's requests with new tokens, one entry per logits row (upstream's logits processors
+    take their per-request settings row by row)."""
+    return [fs for fs in requests_in_batch if fs.has_new_token for _ in range(rows(fs.state))]
+
+
+def row_spec(state, j: int, spec):
+    """The sampler's Spec for row j of the request's step: row 0 is the request's own; row j
+    chooses at reply position + j, with the drafts before it as its reply so far."""
+    drafts = drafts_of(state)
+    if spec is None or not drafts:
+        return spec
+    if j == 0:
+        state._pb_spec_base = (len(spec.tokens), spec.position)
+        return spec
+    return dataclasses.replace(spec, tokens=list(spec.tokens) + list(drafts[:j]), position=spec.position + j)
+
+
+def update(processor, future_state, new_tokens: list, logprobs, index: int, pending_outputs: list) -> int | None:
+    """A drafting request's update (None: not drafting, upstream's way): keep the drafts its rows
+    agree with and the first row token after them; the index of the next request's first row."""
+    from . import sampler, tail_reuse
+
+    state = future_state.state
+    drafts = drafts_of(state)
+    if not drafts:
+        return None
+    chosen = new_tokens[index:index + len(drafts) + 1]
+    kept = 0
+    while kept < len(drafts) and chosen[kept] == drafts[kept]:
+        kept += 1
+    past = state.position_offset - len(drafts) - 1
+    _mark_blocks(processor.cache, state, past, drafts[:kept])  # before a token may finish the request
+    appended, finished = 0, False
+    for j in range(kept + 1):
+        appended += 1
+        if state.update_and_check_completion(chosen[j], logprobs[index + j] if logprobs is not None else None):
+            finished = True
+            break
+    state.position_offset = past + appended  # what serial steps leave: the last token's KV is not written
+    state._pb_drafts = ()
+    spec = sampler._specs.get(state.request_id)
+    base = state.__dict__.pop("_pb_spec_base", None)
+    if spec is not None and base is not None:
+        tokens_before, position_before = base
+        if spec.position > position_before:
+            spec.position = position_before + appended
+        if len(spec.tokens) > tokens_before:
+            spec.tokens[tokens_before:] = chosen[:appended]
+    walk = state._pb_walk
+    walk.length = min(state._pb_draft[0], kept + 1)
+    drafting = processor.scheduler._pb_drafting
+    drafting.steps += 1
+    drafting.drafted += len(drafts)
+    drafting.accepted += kept
+    if finished:
+        tail_reuse.keep(processor.cache, state, processor.inputs_and_outputs.compute_stream)  # 0760
+        processor.scheduler.finish_request(state.request_id)
+        processor.scheduler.block_new_requests = False
+    if state.streaming or finished:
+        pending_outputs.append(state.to_generation_output())
+    return index + len(drafts) + 1
+
+
+def _mark_blocks(cache, state, past: int, kept: tuple) -> None:
+    """Hash the prefix blocks this step completed with tokens it kept: positions past .. past + kept."""
+    if not cache.allow_block_sharing:
+        return
+    tokens = state.initial_tokens + state.generated_tokens + list(kept)
+    for allocator in cache.cache_allocators.values():
+        page = allocator.tokens_per_page
+        complete = (past % page + len(kept) + 1) // page
+        if complete:
+            allocator.mark_complete_blocks(state.request_id, tokens, complete)
+
+
+def stats(processor) -> dict | None:
+    """/metrics' counters (None when the processor does not draft)."""
+    drafting = getattr(getattr(processor, "scheduler", None), "_pb_drafting", None)
+    if drafting is None:
+        return None
+    return {"steps": drafting.steps, "drafted": drafting.drafted, "accepted": drafting.accepted}

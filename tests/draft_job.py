@@ -1,0 +1,125 @@
+"""Run by tests/test_drafts.py in a fresh interpreter with the patched engine first on PYTHONPATH
+and the PB_* variables the test sets (PB_DRAFT_TOKENS among them, or not): synthetic:trained's
+replies to edit prompts (it copies what it has read, so lookup drafts get kept), through
+continuous batching:
+
+- greedy, the prompts together and each alone (upstream's batch argmax, no Spec);
+- seeded sampled, each request with its own Spec (0630's draws), together and alone.
+
+It records each reply, how many steps the engine ran, and what drafting steps drafted and kept.
+Prints one JSON line."""
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers._pb.runtime import drafts, sampler
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingIOs
+
+from patchbay.measure.draft import prompts as edit_prompts
+
+model_dir, max_new = sys.argv[1], int(sys.argv[2])
+counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0}
+prepare, update = ContinuousBatchingIOs.prepare_batch_tensors, drafts.update
+
+
+def counting_prepare(self, *args, **kwargs):
+    prepare(self, *args, **kwargs)
+    counts["steps"] += 1
+    counts["rows"] = max(counts["rows"], self.num_request_in_batch)
+
+
+def counting_update(processor, future_state, *args):
+    offered = len(drafts.drafts_of(future_state.state))
+    before = future_state.state.generated_len()
+    out = update(processor, future_state, *args)
+    if out is not None:
+        counts["verify_steps"] += 1
+        counts["drafted"] += offered
+        counts["kept"] += future_state.state.generated_len() - before - 1
+    return out
+
+
+ContinuousBatchingIOs.prepare_batch_tensors = counting_prepare
+drafts.update = counting_update
+
+tok = AutoTokenizer.from_pretrained(model_dir)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+asked = [ids for _, ids in edit_prompts(tok, 384)][:3]
+
+
+def cache():
+    """A fresh config a run: the engine resolves its unset fields in place (the request count of the
+    first run would size every later one's batch)."""
+    return ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512, page_size=32)
+
+eos = model.generation_config.eos_token_id
+
+
+def greedy(inputs):
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+    out = model.generate_batch(inputs=inputs, generation_config=config, continuous_batching_config=cache(),
+                               progress_bar=False)
+    return [list(out[k].generated_tokens) for k in sorted(out, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
+
+
+def sampled(indices):
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
+    manager.start()
+    try:
+        for i in indices:
+            rid = f"s{i}"
+            sampler.register(rid, sampler.Spec(do_sample=True, temperature=0.8, top_p=0.95, seed=1000 + i))
+            manager.add_request(asked[i], request_id=rid, max_new_tokens=max_new)
+        replies = {}
+        while len(replies) < len(indices):
+            result = manager.get_result(timeout=120)
+            if result is None:
+                raise RuntimeError("no result within 120 s")
+            if result.is_finished():
+                assert result.error is None, result.error
+                replies[result.request_id] = list(result.generated_tokens)
+        return [replies[f"s{i}"] for i in indices]
+    finally:
+        manager.stop(block=True)
+        for i in indices:
+            sampler.release(f"s{i}")
+
+
+def follow_up(keep: int):
+    """A request, then one whose prompt is the first's prompt and the first `keep` tokens of its
+    reply, in one engine: the second reuses the prefix blocks the first completed while it
+    decoded (hashed from kept tokens only, or the second reads a rejected draft's KV)."""
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
+    manager.start()
+    try:
+        manager.add_request(asked[0], request_id="first", max_new_tokens=max_new)
+        first = manager.get_result(request_id="first", timeout=120)
+        while not first.is_finished():
+            first = manager.get_result(request_id="first", timeout=120)
+        manager.add_request(asked[0] + list(first.generated_tokens[:keep]), request_id="second",
+                            max_new_tokens=max_new)
+        second = manager.get_result(request_id="second", timeout=120)
+        while not second.is_finished():
+            second = manager.get_result(request_id="second", timeout=120)
+        cached = manager.batch_processor.cache
+        return [list(first.generated_tokens), list(second.generated_tokens)], cached.use_prefix_sharing
+    finally:
+        manager.stop(block=True)
+
+
+torch.manual_seed(0)
+out = {"prompt_tokens": [len(p) for p in asked], "counts": {}}
+for phase, run in (("greedy_together", lambda: greedy(asked)),
+                   ("greedy_alone", lambda: [greedy([p])[0] for p in asked]),
+                   ("sampled_together", lambda: sampled(range(len(asked)))),
+                   ("sampled_alone", lambda: [sampled([i])[0] for i in range(len(asked))]),
+                   ("follow_up", lambda: follow_up(max_new - 8))):
+    out[phase] = run()
+    out["counts"][phase] = dict(counts)
+    counts.update(dict.fromkeys(counts, 0))
+print(json.dumps(out))

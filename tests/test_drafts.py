@@ -1,0 +1,169 @@
+"""0800 PB_DRAFT_TOKENS: prompt-lookup drafts verified in continuous batching, replies unchanged.
+
+Drafted == serial is checked on synthetic:trained, which copies what it has read, so its drafts
+are kept often; the CPU runs with torch's plain kernels (ATEN_CPU_CAPABILITY=default), whose rows
+do not change bits with the number of rows beside them (conftest.INTERPRETER_ENV), as the GPU's
+batch-invariant kernels do not."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import textwrap
+
+import pytest
+
+from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_job, engine_module
+
+PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up")
+
+
+@pytest.fixture(scope="module")
+def draft_runs(patched_engine, trained_model):
+    env = {**ALL_ON, **INTERPRETER_ENV}
+    off = engine_job("draft_job.py", patched_engine, trained_model, "48", **env)
+    on = engine_job("draft_job.py", patched_engine, trained_model, "48", **env, PB_DRAFT_TOKENS="8")
+    return off, on
+
+
+def test_drafted_replies_are_the_serial_replies(draft_runs):
+    """Greedy and seeded sampled, three edit prompts together and each alone, and a request whose
+    prompt extends an earlier reply (it reuses the prefix blocks that reply completed while it
+    drafted): every reply with drafts is the reply without, token for token."""
+    off, on = draft_runs
+    for phase in PHASES:
+        assert on[phase] == off[phase], phase
+    assert off["greedy_together"] == off["greedy_alone"] and off["sampled_together"] == off["sampled_alone"]
+    assert all(len(reply) == 48 for reply in on["greedy_alone"] + on["sampled_alone"])
+
+
+def test_drafting_keeps_drafts_and_takes_fewer_steps(draft_runs):
+    """With the knob, every phase verified drafts and kept some; a lone greedy request took at most
+    two thirds of the steps; unset, nothing drafted."""
+    off, on = draft_runs
+    for phase in PHASES:
+        assert off["counts"][phase]["verify_steps"] == 0, phase
+        counts = on["counts"][phase]
+        assert counts["verify_steps"] > 0 and 0 < counts["kept"] <= counts["drafted"], (phase, counts)
+        assert counts["rows"] > off["counts"][phase]["rows"], (phase, counts)
+    assert on["counts"]["greedy_alone"]["steps"] * 3 <= off["counts"]["greedy_alone"]["steps"] * 2, on["counts"]
+
+
+def test_only_requests_whose_choice_reads_logits_seed_and_position_draft(patched_engine):
+    """What a request may draft is fixed when it is added, from its own knobs: a request without a
+    Spec drafts when the batch's choice is the argmax; a Spec drafts when 0630 samples it or it is
+    plain greedy; grammars, forced tokens, penalties, min_tokens, log-probabilities and sampling
+    from a generator never do; PB_DRAFT_TOKENS=0 in a request's knobs turns it off."""
+    from types import SimpleNamespace
+
+    knobs = engine_module(patched_engine, "knobs")
+    sampler = engine_module(patched_engine, "runtime.sampler")
+    drafts = engine_module(patched_engine, "runtime.drafts")
+
+    def admitted(spec, **overrides):
+        knobs.use_request_overrides({"PB_DRAFT_TOKENS": 6, "PB_BATCHED_SAMPLER": True, **overrides})
+        state = SimpleNamespace(request_id="r")
+        try:
+            if spec is not None:
+                sampler.register("r", spec)
+            drafts.admit(state)
+        finally:
+            sampler.release("r")
+            knobs.use_request_overrides(None)
+        return getattr(state, "_pb_draft", None)
+
+    assert admitted(None) == (6, True)
+    assert admitted(sampler.Spec(do_sample=True, temperature=0.8, top_p=0.9, seed=3)) == (6, False)
+    assert admitted(sampler.Spec(logit_bias={5: 2.0})) == (6, False)
+    assert admitted(sampler.Spec(), PB_BATCHED_SAMPLER=False) == (6, False)  # plain greedy
+    for spec in (sampler.Spec(mask=lambda spec, scores: scores), sampler.Spec(forced=[1, 2]),
+                 sampler.Spec(logprobs=True), sampler.Spec(presence_penalty=0.5), sampler.Spec(repetition_penalty=1.1),
+                 sampler.Spec(min_tokens=3, suppress=(0,))):
+        assert admitted(spec) is None, spec
+    assert admitted(sampler.Spec(do_sample=True, seed=3), PB_BATCHED_SAMPLER=False) is None
+    assert admitted(None, PB_DRAFT_TOKENS=0) is None
+
+
+def test_a_verify_step_reads_each_rows_prefix(patched_engine):
+    """The scheduler's cache budget for a drafting step counts each row's own prefix: past,
+    past + 1, ..., past + drafts; a batch hinted at n requests gets rows for their drafts."""
+    from types import SimpleNamespace
+
+    knobs = engine_module(patched_engine, "knobs")
+    drafts = engine_module(patched_engine, "runtime.drafts")
+    assert drafts.read_needed(100, 0) == 100 and drafts.read_needed(100, 3) == 100 + 101 + 102 + 103
+    state = SimpleNamespace(_pb_drafts=(7, 8))
+    assert drafts.cache_read(state, 50) == 50 + 51 + 52 and drafts.rows(state) == 3
+    assert drafts.complete_blocks(state, {"full_attention": 1}) == {}
+    plain = SimpleNamespace()
+    assert drafts.cache_read(plain, 50) == 50 and drafts.rows(plain) == 1
+    assert drafts.complete_blocks(plain, {"full_attention": 1}) == {"full_attention": 1}
+    knobs.use_request_overrides({"PB_DRAFT_TOKENS": 8})
+    try:
+        assert drafts.rows_for(3, 1024) == 27 and drafts.rows_for(200, 1024) == 1024
+    finally:
+        knobs.use_request_overrides(None)
+    assert drafts.rows_for(3, 1024) == 3  # the knob unset: upstream's hint
+
+
+EDIT = ("Here is a file of our repository. Add type hints where they are missing and fix anything you think is "
+        "a bug. Reply with the whole edited file.\n\n")
+
+
+@pytest.fixture(scope="module")
+def drafting_server(patched_engine, trained_model, tmp_path_factory):
+    """synthetic:trained served with every adopted knob and PB_DRAFT_TOKENS=8."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in INTERPRETER_ENV.items():
+            mp.setenv(name, value)
+        server = Server(patched_engine, trained_model, {**ALL_ON, "PB_DRAFT_TOKENS": "8"},
+                        tmp_path_factory.mktemp("run-drafts"))
+    yield server
+    server.stop()
+
+
+def test_a_server_drafts_and_replies_as_without_drafts(drafting_server):
+    """Through the API: an edit request, greedy and seeded sampled, streamed and not, replies the
+    same with drafts and with `pb_knobs` turning them off; /metrics counts the drafted and kept
+    tokens."""
+    import httpx
+
+    source = EDIT + textwrap.dedent(inspect.getsource(textwrap.dedent))
+    url = drafting_server.url
+
+    def reply(stream: bool, drafts: bool, **sampling) -> str:
+        # thinking off: 0150's budget is a mask over the thinking phase, and masked requests do not draft
+        body = {"messages": [{"role": "user", "content": source}], "max_tokens": 64, "ignore_eos": True,
+                "chat_template_kwargs": {"enable_thinking": False}, **sampling}
+        if not drafts:
+            body["pb_knobs"] = {"PB_DRAFT_TOKENS": 0}
+        if not stream:
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+        text = []
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        text.append(choice.get("delta", {}).get("content") or "")
+        return "".join(text)
+
+    def drafted_tokens() -> tuple[float, float]:
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        found = {name: float(value) for name, value in
+                 re.findall(r"^(pb_draft_(?:drafted|accepted)_total) (\S+)$", metrics, re.M)}
+        return found.get("pb_draft_drafted_total", -1.0), found.get("pb_draft_accepted_total", -1.0)
+
+    assert drafted_tokens() == (0.0, 0.0)
+    for sampling in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 11}):
+        plain = reply(False, False, **sampling)
+        before = drafted_tokens()
+        assert reply(False, True, **sampling) == plain, sampling
+        assert reply(True, True, **sampling) == plain, sampling
+        after = drafted_tokens()
+        assert after[0] > before[0] and after[1] > before[1], (before, after)
+        assert reply(False, False, **sampling) == plain
+        assert drafted_tokens() == after  # the knob off for the request: nothing drafted
