@@ -4,7 +4,9 @@ replies to edit prompts (it copies what it has read, so lookup drafts get kept),
 continuous batching:
 
 - greedy, the prompts together and each alone (upstream's batch argmax, no Spec);
-- seeded sampled, each request with its own Spec (0630's draws), together and alone.
+- seeded sampled, each request with its own Spec (0630's draws), together and alone;
+- a request that extends another's reply (prefix blocks completed while drafting);
+- thinking under a budget, then JSON under a grammar: masked rows, greedy and sampled.
 
 It records each reply, how many steps the engine ran, and what drafting steps drafted and kept.
 Prints one JSON line."""
@@ -89,6 +91,48 @@ def sampled(indices):
             sampler.release(f"s{i}")
 
 
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "n"],
+          "properties": {"name": {"type": "string", "maxLength": 24},
+                         "tags": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "maxItems": 3},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 99999}}}
+OBJECT = '{"name": "textwrap reader", "tags": ["alpha", "beta"], "n": 1234}'
+
+
+def masked(indices, sample: bool):
+    """Each request thinks under a 12-token budget (0150), then writes JSON under a grammar (0130):
+    masked rows, `</think>` forced where the budget ends. The prompts hold the object to copy."""
+    from transformers._pb.api import grammar, thinking
+
+    vocab = model.config.vocab_size
+    comp = grammar.compiler(tok, vocab, list(eos) if isinstance(eos, (list, tuple)) else [eos])
+    compiled = grammar.compile_body(comp, "json", SCHEMA, "response_format")
+    end_think = tok.convert_tokens_to_ids("</think>")
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
+    manager.start()
+    try:
+        for i in indices:
+            rid = f"m{i}"
+            budget = thinking.Budget(lambda: grammar.Constraint(compiled, tok, vocab, "think"), end_think, 12, max_new)
+            settings = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 2000 + i} if sample else {}
+            sampler.register(rid, sampler.Spec(mask=budget, **settings))
+            ids = tok(f"Copy this object {i} as it is: {OBJECT}\n{OBJECT}\n{OBJECT}\n")["input_ids"]
+            manager.add_request(ids, request_id=rid, max_new_tokens=max_new)
+        replies = {}
+        while len(replies) < len(indices):
+            result = manager.get_result(timeout=120)
+            if result is None:
+                raise RuntimeError("no result within 120 s")
+            if result.is_finished():
+                assert result.error is None, result.error
+                replies[result.request_id] = list(result.generated_tokens)
+        return [replies[f"m{i}"] for i in indices]
+    finally:
+        manager.stop(block=True)
+        for i in indices:
+            sampler.release(f"m{i}")
+
+
 def follow_up(keep: int):
     """A request, then one whose prompt is the first's prompt and the first `keep` tokens of its
     reply, in one engine: the second reuses the prefix blocks the first completed while it
@@ -118,7 +162,10 @@ for phase, run in (("greedy_together", lambda: greedy(asked)),
                    ("greedy_alone", lambda: [greedy([p])[0] for p in asked]),
                    ("sampled_together", lambda: sampled(range(len(asked)))),
                    ("sampled_alone", lambda: [sampled([i])[0] for i in range(len(asked))]),
-                   ("follow_up", lambda: follow_up(max_new - 8))):
+                   ("follow_up", lambda: follow_up(max_new - 8)),
+                   ("masked_greedy", lambda: masked(range(3), False)),
+                   ("masked_sampled", lambda: masked(range(3), True)),
+                   ("masked_alone", lambda: [masked([i], True)[0] for i in range(3)])):
     out[phase] = run()
     out["counts"][phase] = dict(counts)
     counts.update(dict.fromkeys(counts, 0))

@@ -16,7 +16,8 @@ import pytest
 
 from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_job, engine_module
 
-PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up")
+PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up", "masked_greedy",
+          "masked_sampled", "masked_alone")
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +29,20 @@ def draft_runs(patched_engine, trained_model):
 
 
 def test_drafted_replies_are_the_serial_replies(draft_runs):
-    """Greedy and seeded sampled, three edit prompts together and each alone, and a request whose
+    """Greedy and seeded sampled, three edit prompts together and each alone; a request whose
     prompt extends an earlier reply (it reuses the prefix blocks that reply completed while it
-    drafted): every reply with drafts is the reply without, token for token."""
+    drafted); requests that think under a 12-token budget and then write JSON under a grammar
+    (masked rows, `</think>` forced): every reply with drafts is the reply without, token for
+    token."""
     off, on = draft_runs
     for phase in PHASES:
         assert on[phase] == off[phase], phase
     assert off["greedy_together"] == off["greedy_alone"] and off["sampled_together"] == off["sampled_alone"]
+    assert off["masked_sampled"] == off["masked_alone"]
     assert all(len(reply) == 48 for reply in on["greedy_alone"] + on["sampled_alone"])
+    end_think = 3990  # synthetic:trained's `</think>`
+    for reply in on["masked_greedy"] + on["masked_sampled"]:
+        assert reply.index(end_think) == 12, reply  # the budget's end, forced where the serial reply has it
 
 
 def test_drafting_keeps_drafts_and_takes_fewer_steps(draft_runs):
@@ -50,16 +57,19 @@ def test_drafting_keeps_drafts_and_takes_fewer_steps(draft_runs):
     assert on["counts"]["greedy_alone"]["steps"] * 3 <= off["counts"]["greedy_alone"]["steps"] * 2, on["counts"]
 
 
-def test_only_requests_whose_choice_reads_logits_seed_and_position_draft(patched_engine):
+def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(patched_engine, grammar, tok):
     """What a request may draft is fixed when it is added, from its own knobs: a request without a
-    Spec drafts when the batch's choice is the argmax; a Spec drafts when 0630 samples it or it is
-    plain greedy; grammars, forced tokens, penalties, min_tokens, log-probabilities and sampling
-    from a generator never do; PB_DRAFT_TOKENS=0 in a request's knobs turns it off."""
+    Spec drafts when the batch's choice is the argmax; a Spec drafts when 0630 samples it or it
+    chooses greedily, with a grammar or a thinking budget or none; forced tokens, penalties,
+    min_tokens, log-probabilities, tool_choice required's end-of-turn rule, masks of other kinds
+    and sampling from a generator never do; PB_DRAFT_TOKENS=0 in a request's knobs turns it off."""
     from types import SimpleNamespace
 
     knobs = engine_module(patched_engine, "knobs")
     sampler = engine_module(patched_engine, "runtime.sampler")
     drafts = engine_module(patched_engine, "runtime.drafts")
+    thinking = engine_module(patched_engine, "api.thinking")
+    follower = lambda: grammar.Constraint(None, tok, len(tok), "think")  # noqa: E731
 
     def admitted(spec, **overrides):
         knobs.use_request_overrides({"PB_DRAFT_TOKENS": 6, "PB_BATCHED_SAMPLER": True, **overrides})
@@ -77,6 +87,10 @@ def test_only_requests_whose_choice_reads_logits_seed_and_position_draft(patched
     assert admitted(sampler.Spec(do_sample=True, temperature=0.8, top_p=0.9, seed=3)) == (6, False)
     assert admitted(sampler.Spec(logit_bias={5: 2.0})) == (6, False)
     assert admitted(sampler.Spec(), PB_BATCHED_SAMPLER=False) == (6, False)  # plain greedy
+    assert admitted(sampler.Spec(mask=follower())) == (6, False)
+    assert admitted(sampler.Spec(mask=thinking.Budget(follower, 7, 100, 200), do_sample=True, seed=1)) == (6, False)
+    assert admitted(sampler.Spec(mask=follower()), PB_BATCHED_SAMPLER=False) == (6, False)  # greedy
+    assert admitted(sampler.Spec(mask=thinking.Budget(follower, 7, 100, 200, stops=[0]))) is None
     for spec in (sampler.Spec(mask=lambda spec, scores: scores), sampler.Spec(forced=[1, 2]),
                  sampler.Spec(logprobs=True), sampler.Spec(presence_penalty=0.5), sampler.Spec(repetition_penalty=1.1),
                  sampler.Spec(min_tokens=3, suppress=(0,))):
@@ -124,32 +138,34 @@ def drafting_server(patched_engine, trained_model, tmp_path_factory):
 
 
 def test_a_server_drafts_and_replies_as_without_drafts(drafting_server):
-    """Through the API: an edit request, greedy and seeded sampled, streamed and not, replies the
-    same with drafts and with `pb_knobs` turning them off; /metrics counts the drafted and kept
-    tokens."""
+    """Through the API: an edit request, greedy and seeded sampled, streamed and not, thinking
+    (under 0150's budget) and not, replies the same with drafts and with `pb_knobs` turning them
+    off; /metrics counts the drafted and kept tokens."""
     import httpx
 
     source = EDIT + textwrap.dedent(inspect.getsource(textwrap.dedent))
     url = drafting_server.url
 
     def reply(stream: bool, drafts: bool, **sampling) -> str:
-        # thinking off: 0150's budget is a mask over the thinking phase, and masked requests do not draft
         body = {"messages": [{"role": "user", "content": source}], "max_tokens": 64, "ignore_eos": True,
-                "chat_template_kwargs": {"enable_thinking": False}, **sampling}
+                **sampling}
         if not drafts:
             body["pb_knobs"] = {"PB_DRAFT_TOKENS": 0}
         if not stream:
             r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
             assert r.status_code == 200, r.text
-            return r.json()["choices"][0]["message"]["content"]
-        text = []
+            message = r.json()["choices"][0]["message"]
+            return (message.get("reasoning_content") or "") + "|" + (message["content"] or "")
+        reasoning, text = [], []
         with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     for choice in json.loads(line[6:]).get("choices", []):
-                        text.append(choice.get("delta", {}).get("content") or "")
-        return "".join(text)
+                        delta = choice.get("delta", {})
+                        reasoning.append(delta.get("reasoning_content") or "")
+                        text.append(delta.get("content") or "")
+        return "".join(reasoning) + "|" + "".join(text)
 
     def drafted_tokens() -> tuple[float, float]:
         metrics = httpx.get(f"{url}/metrics", timeout=30).text
@@ -158,7 +174,9 @@ def test_a_server_drafts_and_replies_as_without_drafts(drafting_server):
         return found.get("pb_draft_drafted_total", -1.0), found.get("pb_draft_accepted_total", -1.0)
 
     assert drafted_tokens() == (0.0, 0.0)
-    for sampling in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 11}):
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+    for sampling in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 11},
+                     {"temperature": 0, **no_thinking}, {"temperature": 0.8, "top_p": 0.95, "seed": 12, **no_thinking}):
         plain = reply(False, False, **sampling)
         before = drafted_tokens()
         assert reply(False, True, **sampling) == plain, sampling

@@ -282,11 +282,12 @@ class Constraint:
         word = int(self.ready[2][token // 32])
         return bool((word >> (token % 32)) & 1)
 
-    def draft_masks(self, spec, draft: list) -> torch.Tensor:
-        """Drafting-ready: the tokens allowed at this step and after each of `draft`'s tokens, as
-        bitmask rows [k + 1, words] on the host (row i is the mask the step after draft[:i]
+    def draft_masks(self, spec, draft: list, phases: list | None = None) -> torch.Tensor:
+        """Drafting-ready (0800): the tokens allowed at this step and after each of `draft`'s tokens,
+        as bitmask rows [k + 1, words] on the host (row i is the mask the step after draft[:i]
         would use). Rows stop at the first draft token the mask refuses: positions after it are
-        never reached. The grammar and the phases are left as they were."""
+        never reached. `phases` gets each row's phase. The grammar and the phases are left as
+        they were."""
         import xgrammar as xgr
 
         self.catch_up(spec)
@@ -295,6 +296,8 @@ class Constraint:
         phase, self.accepted = self.phase, 0
         try:
             for i in range(len(draft) + 1):
+                if phases is not None:
+                    phases.append(self.phase)
                 self._mask_row(rows[i])
                 if i == len(draft) or not (int(rows[i][draft[i] // 32]) >> (draft[i] % 32)) & 1:
                     return rows[:i + 1]

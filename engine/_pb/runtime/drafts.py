@@ -12,11 +12,15 @@ several tokens for one step. KV written for rejected drafts lies past the reques
 its next step overwrites it; prefix blocks are hashed from kept tokens only.
 
 How many tokens a step drafts adapts: one more than the last drafting step kept, at most the
-knob's value (W48 measured this rule). Requests whose choice reads more than their logits, seed
-and position do not draft: grammar masks, forced tokens, penalties, min_tokens, log-probabilities,
-and sampling without 0630 (a generator's draws depend on how many came before). What a request
-may draft is decided when it is added, from its own knobs (pb_knobs), and travels with its
-state, so every tensor-parallel rank drafts alike. A drafting step needs the last step's tokens
+knob's value (W48 measured this rule). A request with a grammar or a thinking budget (0130-0150)
+drafts too: row j's mask is the one its grammar gives after the drafts before it
+(grammar.Constraint.draft_masks; the grammar is rolled back after), and the budget's forced
+`</think>` falls on the row where the serial reply's would. Requests whose choice reads more than
+logits, seed, position and such a mask do not draft: forced tokens, penalties, min_tokens,
+log-probabilities, tool_choice required's end-of-turn rule, and sampling without 0630 (a
+generator's draws depend on how many came before). What a request may draft is decided when it
+is added, from its own knobs (pb_knobs), and travels with its state, so every tensor-parallel
+rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses). A drafting step needs the last step's tokens
 before it is prepared: with the knob set at start, asynchronous batching (0240) is not chosen, and
 under asynchronous batching nothing drafts.
 """
@@ -75,8 +79,69 @@ def admit(state) -> None:
     spec = sampler._specs.get(state.request_id)
     if spec is None:
         state._pb_draft = (limit, True)
-    elif spec.forced is None and not batched_sampler.needs_tokens(spec) and (spec.batched or spec.plain_greedy):
+        return
+    reads_more = (spec.forced is not None or spec.presence_penalty or spec.frequency_penalty or spec.logprobs
+                  or spec.repetition_penalty != 1.0 or spec.min_tokens)
+    chooses_alone = spec.batched or not spec.do_sample or spec.temperature == 0
+    if not reads_more and chooses_alone and (spec.mask is None or _masks_drafts(spec.mask)):
         state._pb_draft = (limit, False)
+
+
+def _budget_of(mask):
+    """0150's thinking budget when `mask` is one (it wraps the request's constraint), else None."""
+    return mask if hasattr(mask, "end_think") and hasattr(mask, "make_inner") else None
+
+
+def _masks_drafts(mask) -> bool:
+    """Whether rows after drafts can get this mask's later masks: a grammar constraint, alone or
+    in a thinking budget without tool_choice required's end-of-turn rule."""
+    budget = _budget_of(mask)
+    if budget is not None:
+        return budget.stops is None and hasattr(budget.inner, "draft_masks")
+    return hasattr(mask, "draft_masks")
+
+
+class _RowMask:
+    """Row j's mask in a drafting step: the bitmask its grammar gives after the drafts before it,
+    or the thinking budget's forced `</think>` (as 0150 writes it: that token's score 0, every
+    other one -inf)."""
+
+    def __init__(self, bits, force: int | None):
+        self.bits, self.force = bits, force
+
+    def __call__(self, spec, scores):
+        if self.force is not None:
+            scores.fill_(float("-inf"))
+            scores[self.force] = 0.0
+            return scores
+        import xgrammar as xgr
+
+        xgr.apply_token_bitmask_inplace(scores.view(1, -1), self.bits.to(scores.device))
+        return scores
+
+
+def _row_masks(state, spec, drafts: tuple) -> list:
+    """The masks of rows 1..len(drafts) of a drafting request with a mask; notes on the state the
+    row where a budget's thinking began, for the update."""
+    budget = _budget_of(spec.mask)
+    constraint = budget.inner if budget is not None else spec.mask
+    phases: list = []
+    bits = constraint.draft_masks(spec, list(drafts), phases)
+    began = budget.began if budget is not None else None
+    base = len(spec.tokens)
+    masks = []
+    for i in range(len(drafts) + 1):
+        # rows after a draft the grammar refuses are never kept: they reuse the last mask
+        phase, row = phases[min(i, len(phases) - 1)], bits[min(i, len(bits) - 1)]
+        force = None
+        if budget is not None and phase == "think":
+            if began is None:
+                began = base + i
+                state._pb_began_row = i
+            if base + i - began >= budget.budget:
+                force = budget.end_think
+        masks.append(_RowMask(row, force))
+    return masks[1:]
 
 
 class _Walk:
@@ -196,20 +261,27 @@ def row_spec(state, j: int, spec):
     if spec is None or not drafts:
         return spec
     if j == 0:
+        from . import batched_sampler
+
+        batched_sampler.catch_up()  # 0640: the Spec holds every token chosen before this step
         state._pb_spec_base = (len(spec.tokens), spec.position)
+        state._pb_row_masks = _row_masks(state, spec, drafts) if spec.mask is not None else None
         return spec
-    return dataclasses.replace(spec, tokens=list(spec.tokens) + list(drafts[:j]), position=spec.position + j)
+    masks = state.__dict__.get("_pb_row_masks")
+    return dataclasses.replace(spec, tokens=list(spec.tokens) + list(drafts[:j]), position=spec.position + j,
+                               mask=masks[j - 1] if masks else spec.mask, overlap=False)
 
 
 def update(processor, future_state, new_tokens: list, logprobs, index: int, pending_outputs: list) -> int | None:
     """A drafting request's update (None: not drafting, upstream's way): keep the drafts its rows
     agree with and the first row token after them; the index of the next request's first row."""
-    from . import sampler, tail_reuse
+    from . import batched_sampler, sampler, tail_reuse
 
     state = future_state.state
     drafts = drafts_of(state)
     if not drafts:
         return None
+    batched_sampler.catch_up()  # 0640: rows' tokens it copies a step late are in their Specs first
     chosen = new_tokens[index:index + len(drafts) + 1]
     kept = 0
     while kept < len(drafts) and chosen[kept] == drafts[kept]:
@@ -226,12 +298,17 @@ def update(processor, future_state, new_tokens: list, logprobs, index: int, pend
     state._pb_drafts = ()
     spec = sampler._specs.get(state.request_id)
     base = state.__dict__.pop("_pb_spec_base", None)
+    began_row = state.__dict__.pop("_pb_began_row", None)
+    state._pb_row_masks = None
     if spec is not None and base is not None:
         tokens_before, position_before = base
         if spec.position > position_before:
             spec.position = position_before + appended
         if len(spec.tokens) > tokens_before:
             spec.tokens[tokens_before:] = chosen[:appended]
+        budget = _budget_of(spec.mask)
+        if budget is not None and budget.began is None and began_row is not None and began_row < appended:
+            budget.began = tokens_before + began_row  # the thinking began on a kept row
     walk = state._pb_walk
     walk.length = min(state._pb_draft[0], kept + 1)
     drafting = processor.scheduler._pb_drafting
