@@ -30,6 +30,20 @@ def test_lookup_proposes_what_a_search_finds_at_every_length(longest, shortest):
         look.extend([token])
 
 
+@pytest.mark.parametrize("longest,shortest", [(4, 2), (3, 1)])
+def test_lookup_filed_in_slices_proposes_what_it_proposes_filed_token_by_token(longest, shortest):
+    """The engine files a long prompt a slice a step (0800): any cut gives the same proposals."""
+    rng = random.Random(longest)
+    ids = [rng.randrange(5) for _ in range(400)]
+    look, at = Lookup([], longest, shortest), 0
+    while at < len(ids):
+        step = rng.randrange(1, 40)
+        look.extend(ids[at:at + step])
+        at = min(at + step, len(ids))
+        for k in (1, 4, 8):
+            assert look.propose(k) == brute_propose(ids[:at], k, longest, shortest), (at, k)
+
+
 def test_lookup_prefers_the_longest_and_latest_match():
     look = Lookup([1, 2, 3, 9, 2, 3, 7, 8, 1, 2, 3], longest=3, shortest=1)
     assert look.propose(2) == [9, 2]  # 1 2 3 occurred once before, followed by 9
