@@ -50,6 +50,7 @@ drafts.update = counting_update
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
 asked = [ids for _, ids in edit_prompts(tok, 384)][:3]
+eos = model.generation_config.eos_token_id
 
 
 def cache():
@@ -57,38 +58,44 @@ def cache():
     first run would size every later one's batch)."""
     return ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512, page_size=32)
 
-eos = model.generation_config.eos_token_id
+
+def config():
+    """Greedy unless a request's Spec says otherwise."""
+    return GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
 
 
 def greedy(inputs):
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
-    out = model.generate_batch(inputs=inputs, generation_config=config, continuous_batching_config=cache(),
+    out = model.generate_batch(inputs=inputs, generation_config=config(), continuous_batching_config=cache(),
                                progress_bar=False)
     return [list(out[k].generated_tokens) for k in sorted(out, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
 
 
-def sampled(indices):
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
+def with_specs(requests):
+    """[(request id, prompt ids, Spec)] submitted together to one engine: their replies, in order."""
+    manager = model.init_continuous_batching(generation_config=config(), continuous_batching_config=cache())
     manager.start()
     try:
-        for i in indices:
-            rid = f"s{i}"
-            sampler.register(rid, sampler.Spec(do_sample=True, temperature=0.8, top_p=0.95, seed=1000 + i))
-            manager.add_request(asked[i], request_id=rid, max_new_tokens=max_new)
+        for rid, ids, spec in requests:
+            sampler.register(rid, spec)
+            manager.add_request(ids, request_id=rid, max_new_tokens=max_new)
         replies = {}
-        while len(replies) < len(indices):
+        while len(replies) < len(requests):
             result = manager.get_result(timeout=120)
             if result is None:
                 raise RuntimeError("no result within 120 s")
             if result.is_finished():
                 assert result.error is None, result.error
                 replies[result.request_id] = list(result.generated_tokens)
-        return [replies[f"s{i}"] for i in indices]
+        return [replies[rid] for rid, _, _ in requests]
     finally:
         manager.stop(block=True)
-        for i in indices:
-            sampler.release(f"s{i}")
+        for rid, _, _ in requests:
+            sampler.release(rid)
+
+
+def sampled(indices):
+    return with_specs([(f"s{i}", asked[i], sampler.Spec(do_sample=True, temperature=0.8, top_p=0.95, seed=1000 + i))
+                       for i in indices])
 
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "n"],
@@ -107,38 +114,20 @@ def masked(indices, sample: bool):
     comp = grammar.compiler(tok, vocab, list(eos) if isinstance(eos, (list, tuple)) else [eos])
     compiled = grammar.compile_body(comp, "json", SCHEMA, "response_format")
     end_think = tok.convert_tokens_to_ids("</think>")
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
-    manager.start()
-    try:
-        for i in indices:
-            rid = f"m{i}"
-            budget = thinking.Budget(lambda: grammar.Constraint(compiled, tok, vocab, "think"), end_think, 12, max_new)
-            settings = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 2000 + i} if sample else {}
-            sampler.register(rid, sampler.Spec(mask=budget, **settings))
-            ids = tok(f"Copy this object {i} as it is: {OBJECT}\n{OBJECT}\n{OBJECT}\n")["input_ids"]
-            manager.add_request(ids, request_id=rid, max_new_tokens=max_new)
-        replies = {}
-        while len(replies) < len(indices):
-            result = manager.get_result(timeout=120)
-            if result is None:
-                raise RuntimeError("no result within 120 s")
-            if result.is_finished():
-                assert result.error is None, result.error
-                replies[result.request_id] = list(result.generated_tokens)
-        return [replies[f"m{i}"] for i in indices]
-    finally:
-        manager.stop(block=True)
-        for i in indices:
-            sampler.release(f"m{i}")
+    requests = []
+    for i in indices:
+        budget = thinking.Budget(lambda: grammar.Constraint(compiled, tok, vocab, "think"), end_think, 12, max_new)
+        settings = {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 2000 + i} if sample else {}
+        ids = tok(f"Copy this object {i} as it is: {OBJECT}\n{OBJECT}\n{OBJECT}\n")["input_ids"]
+        requests.append((f"m{i}", ids, sampler.Spec(mask=budget, **settings)))
+    return with_specs(requests)
 
 
 def follow_up(keep: int):
     """A request, then one whose prompt is the first's prompt and the first `keep` tokens of its
     reply, in one engine: the second reuses the prefix blocks the first completed while it
     decoded (hashed from kept tokens only, or the second reads a rejected draft's KV)."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cache())
+    manager = model.init_continuous_batching(generation_config=config(), continuous_batching_config=cache())
     manager.start()
     try:
         manager.add_request(asked[0], request_id="first", max_new_tokens=max_new)

@@ -63,10 +63,16 @@ def uniform(h: torch.Tensor) -> torch.Tensor:
     return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
+def reads_reply(spec) -> bool:
+    """Whether the row's choice reads the reply so far, or its log-probabilities are wanted, other
+    than through a mask: forced tokens, penalties, min_tokens, logprobs."""
+    return bool(spec.forced is not None or spec.presence_penalty or spec.frequency_penalty
+                or spec.repetition_penalty != 1.0 or spec.min_tokens or spec.logprobs)
+
+
 def needs_tokens(spec) -> bool:
     """Whether the host must see this row's token each step (its later steps read it)."""
-    return bool(spec.forced is not None or spec.mask is not None or spec.presence_penalty or spec.frequency_penalty
-                or spec.repetition_penalty != 1.0 or spec.min_tokens or spec.logprobs)
+    return spec.mask is not None or reads_reply(spec)
 
 
 def _rows_tensor(values, device, dtype):

@@ -20,9 +20,9 @@ logits, seed, position and such a mask do not draft: forced tokens, penalties, m
 log-probabilities, tool_choice required's end-of-turn rule, and sampling without 0630 (a
 generator's draws depend on how many came before). What a request may draft is decided when it
 is added, from its own knobs (pb_knobs), and travels with its state, so every tensor-parallel
-rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses). A drafting step needs the last step's tokens
-before it is prepared: with the knob set at start, asynchronous batching (0240) is not chosen, and
-under asynchronous batching nothing drafts.
+rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses). A drafting step
+needs the last step's tokens before it is prepared: with the knob set at start, asynchronous
+batching (0240) is not chosen, and under asynchronous batching nothing drafts.
 """
 
 from __future__ import annotations
@@ -81,10 +81,8 @@ def admit(state) -> None:
     if spec is None:
         state._pb_draft = (limit, True)
         return
-    reads_more = (spec.forced is not None or spec.presence_penalty or spec.frequency_penalty or spec.logprobs
-                  or spec.repetition_penalty != 1.0 or spec.min_tokens)
     chooses_alone = spec.batched or not spec.do_sample or spec.temperature == 0
-    if not reads_more and chooses_alone and (spec.mask is None or _masks_drafts(spec.mask)):
+    if not batched_sampler.reads_reply(spec) and chooses_alone and (spec.mask is None or _masks_drafts(spec.mask)):
         state._pb_draft = (limit, False)
 
 
