@@ -22,6 +22,8 @@ CONFIG_DIR = ROOT / "config"
 KNOB_SETS = CONFIG_DIR / "knob-sets.toml"
 _SSH_RE = re.compile(r"ssh://[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+(:\d+)?")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
+# The models a config may name without a path: written on first use (runtime/models.py).
+SYNTHETIC_MODELS = ("synthetic:tiny", "synthetic:trained", "synthetic:trained-fp8")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")  # as engine/_pb/api/served.py accepts
 
 
@@ -31,7 +33,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    model: str = "synthetic:tiny"  # synthetic:tiny or synthetic:trained, or a local checkpoint folder
+    model: str = "synthetic:tiny"  # one of SYNTHETIC_MODELS, or a local checkpoint folder
     host: str = "127.0.0.1"
     port: int = 8000
     runtime: str = "local"  # local: a process on this machine; docker: containers on HEAD (and WORKER)
@@ -139,9 +141,8 @@ class Config:
             raise ConfigError(f"{where}: HOST={self.host} is reachable from other machines but no key is set: set "
                               "API_KEY_FILE=/path/to/key (with PB_AUTH=1), or ALLOW_UNAUTHENTICATED=1 to serve "
                               "without one")
-        if not (self.model in ("synthetic:tiny", "synthetic:trained") or self.model.startswith("/")
-                or self.model.startswith(".")):
-            raise ConfigError(f"{where}: MODEL={self.model} must be synthetic:tiny, synthetic:trained or a local "
+        if not (self.model in SYNTHETIC_MODELS or self.model.startswith("/") or self.model.startswith(".")):
+            raise ConfigError(f"{where}: MODEL={self.model} must be {', '.join(SYNTHETIC_MODELS)} or a local "
                               "checkpoint folder (an absolute path, or one starting with ./)")
 
     @property

@@ -1,0 +1,45 @@
+"""Run by tests/test_fp8_weights.py in a fresh interpreter with the patched engine first on
+PYTHONPATH and PB_FP8_WEIGHTS set or not: loads an FP8 checkpoint through the model-load hooks
+(as a server does) and its dequantized twin plainly, and compares their logits on three
+passages of library source, teacher-forced.
+
+Prints one JSON line: the dtype the FP8 checkpoint's linear and expert weights load in, whether
+each passage's logits equal the twin's bit for bit (and the largest difference), or the load
+error upstream raised."""
+
+import inspect
+import json
+import logging
+import sys
+import textwrap
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers._pb import load
+
+fp8_dir, twin_dir = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(twin_dir)
+passages = [textwrap.dedent(inspect.getsource(f))[:600] for f in (json.dumps, textwrap.wrap, inspect.getsource)]
+
+report = []  # what upstream's loader logs (its load report names each refused weight's reason)
+handler = logging.Handler()
+handler.emit = lambda record: report.append(record.getMessage())
+logging.getLogger("transformers").addHandler(handler)
+kwargs = load.before({})
+try:
+    model = AutoModelForCausalLM.from_pretrained(fp8_dir, attn_implementation="sdpa", **kwargs).eval()
+except Exception as error:  # upstream's load-time dequantization refuses ragged blocks
+    print(json.dumps({"load_error": f"{type(error).__name__}: {error}", "report": "\n".join(report)}))
+    sys.exit(0)
+twin = AutoModelForCausalLM.from_pretrained(twin_dir, attn_implementation="sdpa").eval()
+layer = model.model.layers[-1]
+out = {"linear_dtype": str(layer.self_attn.q_proj.weight.dtype),
+       "experts_dtype": str(layer.mlp.experts.down_proj.dtype),
+       "experts_class": type(layer.mlp.experts).__name__, "equal": [], "max_abs": 0.0}
+with torch.no_grad():
+    for text in passages:
+        ids = tok(text, return_tensors="pt").input_ids
+        a, b = model(ids).logits, twin(ids).logits
+        out["equal"].append(torch.equal(a, b))
+        out["max_abs"] = max(out["max_abs"], (a - b).abs().max().item())
+print(json.dumps(out))

@@ -1,0 +1,154 @@
+"""FP8 checkpoints in the release format (patchbay.runtime.fp8) and 0810 PB_FP8_WEIGHTS, which serves
+them with their weights kept in FP8: the model computes what its dequantized twin computes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from .conftest import ALL_ON, INTERPRETER_ENV, LOCAL, Server, engine_job, engine_module, free_port  # noqa: F401
+from patchbay.runtime import fp8
+
+E4M3_TINY = 2.0 ** -9  # e4m3's smallest subnormal
+
+
+def test_quantize_covers_ragged_blocks_and_bounds_the_error():
+    """A 300 x 200 weight (2.34 x 1.56 blocks) gets a 3 x 2 scale grid; each element comes back
+    within e4m3's half-step of its value, relative to its block's scale; an all-zero block has
+    scale 1."""
+    torch.manual_seed(0)
+    w = torch.randn(300, 200) * torch.logspace(-3, 1, 300)[:, None]
+    w[256:, 128:] = 0
+    q, scale = fp8.quantize(w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (3, 2)
+    assert scale[2, 1] == 1
+    back = fp8.dequantize(q, scale, torch.float32)
+    s = scale.repeat_interleave(128, 0)[:300].repeat_interleave(128, 1)[:, :200]
+    assert ((back - w).abs() <= torch.maximum(w.abs() / 16, s * E4M3_TINY) + 1e-12).all()
+    # every block uses e4m3's range: its largest magnitude maps to 448
+    assert fp8.quantize(torch.full((128, 128), -3.0))[0].float().min() == -448
+
+
+@pytest.fixture(scope="module")
+def trained_fp8(trained_model, tmp_path_factory):
+    """synthetic:trained-fp8 (synthetic:trained quantized) and its dequantized twin."""
+    out = tmp_path_factory.mktemp("fp8")
+    q = fp8.write_fp8(trained_model, out / "trained-fp8", "synthetic:trained-fp8")
+    return str(q), str(fp8.write_dequantized(q, out / "twin"))
+
+
+@pytest.fixture(scope="module")
+def ragged_fp8(tmp_path_factory):
+    """A small glm4_moe whose dense MLP is 2.5 blocks wide (as GLM-4.5-Air's 10,944 is 85.5), in FP8
+    and dequantized."""
+    from transformers import Glm4MoeForCausalLM
+
+    from patchbay.runtime import synth
+
+    out = tmp_path_factory.mktemp("ragged")
+    config = synth.tiny_config(synth.VOCAB_SIZE)
+    config.update(dict(hidden_size=256, num_attention_heads=4, head_dim=64, intermediate_size=320,
+                       moe_intermediate_size=128))
+    torch.manual_seed(1)
+    model = Glm4MoeForCausalLM(config).eval()
+    synth.save_checkpoint(model, synth.padded_tokenizer(synth.VOCAB_SIZE), out / "bf16")
+    q = fp8.write_fp8(out / "bf16", out / "fp8", "ragged-fp8")
+    return str(q), str(fp8.write_dequantized(q, out / "twin"))
+
+
+def test_checkpoint_is_in_the_release_format(trained_fp8, trained_model):
+    """Every decoder linear and each expert's three projections are e4m3 with a float32 scale per
+    128 x 128 block; embeddings, head, norms and the router keep their dtype and values."""
+    q_dir, _ = trained_fp8
+    config = json.loads(open(f"{q_dir}/config.json").read())
+    assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                             "quant_method": "fp8", "weight_block_size": [128, 128]}
+    with safe_open(f"{q_dir}/model.safetensors", "pt") as f, \
+            safe_open(f"{trained_model}/model.safetensors", "pt") as src:
+        keys = set(f.keys())
+        quantized = {k for k in keys if f.get_slice(k).get_dtype() == "F8_E4M3"}
+        assert "model.layers.3.mlp.experts.2.down_proj.weight" in quantized
+        assert "model.layers.0.mlp.gate_proj.weight" in quantized and "model.layers.1.self_attn.k_proj.weight" in quantized
+        assert {k.removesuffix("weight") + "weight_scale_inv" for k in quantized} <= keys
+        # k_proj: 2 heads x 32 = 64 rows, half a block
+        assert f.get_tensor("model.layers.1.self_attn.k_proj.weight_scale_inv").shape == (1, 2)
+        for key in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight",
+                    "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.k_proj.bias"):
+            assert key not in quantized and torch.equal(f.get_tensor(key), src.get_tensor(key)), key
+        assert len(quantized) == sum(1 for k in src.keys() if fp8.QUANTIZED.match(k))
+
+
+def test_engine_expansion_matches_the_writer_and_reads_a_shard_mid_block(patched_engine):
+    """The engine's expansion gives the writer's values, and a row or column slice that starts
+    inside a block (a tensor-parallel shard) reads its scales from the offset it is given."""
+    ops = engine_module(patched_engine, "ops.fp8_weights")
+    torch.manual_seed(2)
+    q, scale = fp8.quantize(torch.randn(448, 320))
+    full = fp8.dequantize(q, scale, torch.bfloat16)
+    assert torch.equal(ops.dequantize(q, scale, (128, 128), torch.bfloat16), full)
+    part = ops.dequantize(q[224:448], scale[1:4], (128, 128), torch.bfloat16, offset=(224 - 128, 0))
+    assert torch.equal(part, full[224:448])
+    part = ops.dequantize(q[:, 160:], scale[:, 1:], (128, 128), torch.bfloat16, offset=(0, 32))
+    assert torch.equal(part, full[:, 160:])
+    with pytest.raises(ValueError, match="scale grid"):
+        ops.dequantize(q[224:448], scale[1:3], (128, 128), torch.bfloat16, offset=(96, 0))
+
+
+def test_knob_serves_the_checkpoint_in_fp8_as_its_dequantized_twin(patched_engine, trained_fp8):
+    """With the knob, the weights load as e4m3 and the logits equal the twin's bit for bit; without
+    it, upstream dequantizes at load on a CPU, to the same logits."""
+    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, PB_FP8_WEIGHTS="1", **INTERPRETER_ENV)
+    assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["experts_dtype"] == "torch.float8_e4m3fn", on
+    assert on["equal"] == [True, True, True], on
+    off = engine_job("fp8_job.py", patched_engine, *trained_fp8, **INTERPRETER_ENV)
+    assert off["linear_dtype"] == "torch.float32" and off["equal"] == [True, True, True], off
+
+
+def test_knob_loads_ragged_blocks_upstream_refuses(patched_engine, ragged_fp8):
+    """A dense MLP 2.5 blocks wide: upstream's load-time dequantization refuses it; the knob serves it
+    as its twin."""
+    off = engine_job("fp8_job.py", patched_engine, *ragged_fp8, **INTERPRETER_ENV)
+    assert "conversion of the weights" in off.get("load_error", ""), off
+    assert "Weight shape (320, 256) not divisible by scale grid (3, 2)" in off["report"], off
+    on = engine_job("fp8_job.py", patched_engine, *ragged_fp8, PB_FP8_WEIGHTS="1", **INTERPRETER_ENV)
+    assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["equal"] == [True, True, True], on
+
+
+def _replies(server) -> list[str]:
+    """Greedy and seeded sampled chat replies to three requests, one at a time."""
+    import httpx
+
+    out = []
+    prompts = ("def wrap(text, width):\n    lines = []\n", "class Queue:\n    def __init__(self, maxsize=0):\n",
+               "import os\n\ndef walk(top):\n")
+    for prompt, extra in zip(prompts, ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 7},
+                                       {"temperature": 0})):
+        body = {"messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 32, "ignore_eos": True, **extra}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        out.append(r.json()["choices"][0]["message"]["content"])
+    return out
+
+
+def test_served_with_the_local_set_as_its_twin(patched_engine, tmp_path):
+    """MODEL=synthetic:trained-fp8 is written on first use; served with the local knob set and
+    PB_FP8_WEIGHTS (0220's experts name included), its greedy and seeded replies are the twin's."""
+    import dataclasses
+
+    from patchbay.runtime.models import model_path
+
+    q_dir = model_path(dataclasses.replace(LOCAL, model="synthetic:trained-fp8"))
+    assert json.loads(open(f"{q_dir}/patchbay-synth.json").read())["model"] == "synthetic:trained-fp8"
+    twin = str(fp8.write_dequantized(q_dir, tmp_path / "twin"))
+    replies = []
+    for model, knobs in ((q_dir, {**ALL_ON, "PB_FP8_WEIGHTS": "1"}), (twin, ALL_ON)):
+        server = Server(patched_engine, model, knobs, tmp_path / f"run-{len(replies)}")
+        try:
+            replies.append(_replies(server))
+        finally:
+            server.stop()
+    assert replies[0] == replies[1] and len(set(replies[0])) == 3, replies
