@@ -3,13 +3,15 @@ PYTHONPATH and PB_FP8_WEIGHTS set or not: loads an FP8 checkpoint through the mo
 (as a server does) and its dequantized twin plainly, and compares their logits on three
 passages of library source, teacher-forced.
 
-Prints one JSON line: the dtype the FP8 checkpoint's linear and expert weights load in, whether
+Run as one rank of a torch.distributed launch (WORLD_SIZE > 1), both models are split with the
+engine's TP plan. Prints one JSON line: the dtype the FP8 checkpoint's linear and expert weights load in, whether
 each passage's logits equal the twin's bit for bit (and the largest difference), or the load
 error upstream raised."""
 
 import inspect
 import json
 import logging
+import os
 import sys
 import textwrap
 
@@ -25,15 +27,21 @@ report = []  # what upstream's loader logs (its load report names each refused w
 handler = logging.Handler()
 handler.emit = lambda record: report.append(record.getMessage())
 logging.getLogger("transformers").addHandler(handler)
-kwargs = load.before({})
+split = {}
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a tensor-parallel pair: both models split
+    from transformers.distributed import DistributedConfig
+
+    split = {"distributed_config": DistributedConfig(tp_size=int(os.environ["WORLD_SIZE"]))}
+kwargs = load.before(dict(split))
 try:
     model = AutoModelForCausalLM.from_pretrained(fp8_dir, attn_implementation="sdpa", **kwargs).eval()
 except Exception as error:  # upstream's load-time dequantization refuses ragged blocks
     print(json.dumps({"load_error": f"{type(error).__name__}: {error}", "report": "\n".join(report)}))
     sys.exit(0)
-twin = AutoModelForCausalLM.from_pretrained(twin_dir, attn_implementation="sdpa").eval()
+load.after(model)
+twin = AutoModelForCausalLM.from_pretrained(twin_dir, attn_implementation="sdpa", **split).eval()
 layer = model.model.layers[-1]
-out = {"linear_dtype": str(layer.self_attn.q_proj.weight.dtype),
+out = {"rank": int(os.environ.get("RANK", "0")), "linear_dtype": str(layer.self_attn.q_proj.weight.dtype),
        "experts_dtype": str(layer.mlp.experts.down_proj.dtype),
        "experts_class": type(layer.mlp.experts).__name__, "equal": [], "max_abs": 0.0}
 with torch.no_grad():

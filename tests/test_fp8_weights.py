@@ -81,20 +81,24 @@ def test_checkpoint_is_in_the_release_format(trained_fp8, trained_model):
         assert len(quantized) == sum(1 for k in src.keys() if fp8.QUANTIZED.match(k))
 
 
-def test_engine_expansion_matches_the_writer_and_reads_a_shard_mid_block(patched_engine):
-    """The engine's expansion gives the writer's values, and a row or column slice that starts
-    inside a block (a tensor-parallel shard) reads its scales from the offset it is given."""
+def test_engine_expansion_matches_the_writer_and_reads_a_shard_by_its_global_index(patched_engine):
+    """The engine's expansion gives the writer's values, and a shard that starts inside a block (rows
+    224-447 of 3.5 blocks; columns 160-319) or is two pieces (a fused gate/up shard) reads the
+    whole scale grid at the model-wide indices it is given."""
     ops = engine_module(patched_engine, "ops.fp8_weights")
     torch.manual_seed(2)
     q, scale = fp8.quantize(torch.randn(448, 320))
     full = fp8.dequantize(q, scale, torch.bfloat16)
     assert torch.equal(ops.dequantize(q, scale, (128, 128), torch.bfloat16), full)
-    part = ops.dequantize(q[224:448], scale[1:4], (128, 128), torch.bfloat16, offset=(224 - 128, 0))
+    everything = torch.arange(320)
+    part = ops.dequantize(q[224:448], scale, (128, 128), torch.bfloat16, (torch.arange(224, 448), everything))
     assert torch.equal(part, full[224:448])
-    part = ops.dequantize(q[:, 160:], scale[:, 1:], (128, 128), torch.bfloat16, offset=(0, 32))
+    part = ops.dequantize(q[:, 160:], scale, (128, 128), torch.bfloat16, (torch.arange(448), torch.arange(160, 320)))
     assert torch.equal(part, full[:, 160:])
-    with pytest.raises(ValueError, match="scale grid"):
-        ops.dequantize(q[224:448], scale[1:3], (128, 128), torch.bfloat16, offset=(96, 0))
+    rows = torch.cat([torch.arange(0, 112), torch.arange(224, 336)])
+    assert torch.equal(ops.dequantize(q[rows], scale, (128, 128), torch.bfloat16, (rows, everything)), full[rows])
+    with pytest.raises(ValueError, match="needs scales"):
+        ops.dequantize(q[224:448], scale[:2], (128, 128), torch.bfloat16, (torch.arange(224, 448), everything))
 
 
 def test_knob_serves_the_checkpoint_in_fp8_as_its_dequantized_twin(patched_engine, trained_fp8):
@@ -152,3 +156,31 @@ def test_served_with_the_local_set_as_its_twin(patched_engine, tmp_path):
         finally:
             server.stop()
     assert replies[0] == replies[1] and len(set(replies[0])) == 3, replies
+
+
+def _tp_job(engine, fp8_dir: str, twin_dir: str, **env: str) -> list[dict]:
+    """fp8_job.py as two gloo ranks on this machine: each rank's JSON line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from patchbay.runtime import procenv
+
+    from .conftest import engine_environ
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("fp8_job.py")), fp8_dir, twin_dir],
+                              env={**engine_environ(engine, **env), **procenv.rank(r, 2, "127.0.0.1", port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def test_tp2_shards_scales_with_their_rows(patched_engine, trained_fp8):
+    """Two ranks split every product; k_proj's 64 rows (half a 128-row block) give each rank 32 rows
+    of one block. Each rank's FP8 logits equal the twin's split the same way, bit for bit."""
+    ranks = _tp_job(patched_engine, *trained_fp8, PB_FP8_WEIGHTS="1", **INTERPRETER_ENV)
+    for out in ranks:
+        assert out["linear_dtype"] == "torch.float8_e4m3fn" and out["equal"] == [True, True, True], ranks

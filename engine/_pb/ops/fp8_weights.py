@@ -50,32 +50,76 @@ def keeps_fp8() -> bool:
 
 
 def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] | list[int] | None,
-               dtype: torch.dtype, offset: tuple[int, int] = (0, 0)) -> torch.Tensor:
+               dtype: torch.dtype, index: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`(..., rows, cols)` FP8 weights times their scales, in `dtype`.
 
-    `block` is the (rows, cols) a scale covers (None: one scale for the tensor). `offset` is
-    where this tensor's first row and column sit inside their first block: a tensor-parallel
-    shard that starts mid-block holds the scales of every block it touches, the first one
-    shared with the rank before it. The product is taken in float32 and rounded once to
-    `dtype`, as upstream's load-time dequantization does, so both give the same values.
+    `block` is the (rows, cols) a scale covers (None: one scale for the tensor). `index` gives,
+    for a tensor-parallel shard, the model-wide row and column of each of its rows and columns:
+    a shard may start inside a block (GLM-4.5-Air's experts are 11 blocks wide, 5.5 a rank at
+    TP=2), so every rank holds the whole scale grid and reads it by those. The product is taken
+    in float32 and rounded once to `dtype`, as upstream's load-time dequantization does, so both
+    give the same values.
     """
     q = weight.to(torch.float32)
     s = scale_inv.to(torch.float32)
     if block is None or s.dim() == 0:
         return (q * s).to(dtype)
     rows, cols = q.shape[-2:]
-    row_block, col_block = block
-    r = (torch.arange(rows, device=q.device) + offset[0]) // row_block
-    c = (torch.arange(cols, device=q.device) + offset[1]) // col_block
-    if r[-1] >= s.shape[-2] or c[-1] >= s.shape[-1]:
-        raise ValueError(f"FP8 weight {tuple(q.shape)} at offset {offset} needs a scale grid of at least "
-                         f"({int(r[-1]) + 1}, {int(c[-1]) + 1}) blocks of {tuple(block)}, got {tuple(s.shape)}")
+    if index is None:
+        index = (torch.arange(rows, device=q.device), torch.arange(cols, device=q.device))
+    r, c = index[0].to(q.device) // block[0], index[1].to(q.device) // block[1]
+    if len(r) != rows or len(c) != cols or int(r.max()) >= s.shape[-2] or int(c.max()) >= s.shape[-1]:
+        raise ValueError(f"FP8 weight {tuple(q.shape)} needs scales of blocks of {tuple(block)} up to "
+                         f"({int(r.max()) + 1}, {int(c.max()) + 1}) for its {len(r)} x {len(c)} indices, "
+                         f"got {tuple(s.shape)}")
     return (q * s[..., r, :][..., c]).to(dtype)
 
 
-def _offset(module, name: str) -> tuple[int, int]:
-    """Where a (possibly tensor-parallel) shard of `module.name` starts inside its first block."""
-    return getattr(module, "_pb_fp8_offsets", {}).get(name, (0, 0))
+def block_scales(model) -> list[str]:
+    """The names of `model`'s per-block scales (the tensor-parallel plan keeps them whole)."""
+    return [name for name, p in model.named_parameters() if name.endswith("scale_inv") and p.ndim >= 2]
+
+
+def _global_index(param, dim: int) -> torch.Tensor | None:
+    """For a tensor-parallel shard (a DTensor), the model-wide index of each of its entries along
+    `dim`, found by sharding an index the way the loader shards the weight; None when whole."""
+    if not hasattr(param, "placements"):
+        return None
+    from ...distributed.sharding_utils import DtensorShardOperation
+
+    dim %= param.ndim
+    sharded = {p.dim % param.ndim for p in param.placements if hasattr(p, "dim")}
+    if dim not in sharded:
+        return None
+    shape = [param.shape[d] if d == dim else 1 for d in range(param.ndim)]
+    source = torch.arange(param.shape[dim]).view(shape)
+    local = DtensorShardOperation(param).shard_tensor(source)
+    return local.reshape(-1)
+
+
+def _index(module, name: str):
+    """The global rows and columns of `module.name`'s shard (after_load found them), or None."""
+    return module.__dict__.get("_pb_fp8_index", {}).get(name)
+
+
+def after_load(model) -> None:
+    """Once the weights are loaded (a shard's parameters are DTensors here; inside a
+    tensor-parallel forward they are plain local tensors): each FP8 shard's global indices."""
+    if not ENABLED:
+        return
+    shards = 0
+    for module in model.modules():
+        for name, weight in module._parameters.items():
+            if weight is None or weight.dtype != torch.float8_e4m3fn or not hasattr(weight, "placements"):
+                continue
+            rows, cols = _global_index(weight, -2), _global_index(weight, -1)
+            local = _local(weight).shape
+            module.__dict__.setdefault("_pb_fp8_index", {})[name] = (
+                torch.arange(local[-2]) if rows is None else rows, torch.arange(local[-1]) if cols is None else cols)
+            shards += 1
+    if shards:
+        sys.stderr.write(f"patchbay: PB_FP8_WEIGHTS: {shards} FP8 weights are tensor-parallel shards, each "
+                         "reading the whole scale grid at its global rows and columns\n")
 
 
 def _local(t):
@@ -87,7 +131,8 @@ def linear_forward(self, input: torch.Tensor) -> torch.Tensor:
     weight = _local(self.weight)
     if weight.element_size() > 1:
         return F.linear(input, weight, self.bias)
-    w = dequantize(weight, _local(self.weight_scale_inv), self.block_size, input.dtype, _offset(self, "weight"))
+    w = dequantize(weight, _local(self.weight_scale_inv), self.block_size, input.dtype,
+                   _index(self, "weight"))
     bias = None if self.bias is None else _local(self.bias).to(input.dtype)
     return F.linear(input, w, bias)
 
@@ -96,6 +141,9 @@ def experts_linear(self, input, weight, weight_scale_inv, activation_scale=None)
     """FP8Experts.linear (upstream's eager loop over the experts hit): one expert's product."""
     if weight.element_size() > 1:
         return F.linear(input, weight, None)
+    if hasattr(weight, "placements"):
+        raise NotImplementedError("PB_FP8_WEIGHTS: the eager experts loop does not run tensor-parallel shards; "
+                                  "use the grouped_mm or pb_triton experts implementation")
     return F.linear(input, dequantize(weight, weight_scale_inv, self.block_size, input.dtype))
 
 
@@ -109,10 +157,11 @@ class _Expanded:
             weight = experts.__dict__.get(name, experts._parameters.get(name))
             if weight is None:
                 continue
+            index = _index(experts, name)
             weight = _local(weight)
             if weight.element_size() == 1:
                 scales = _local(getattr(experts, f"{name}_scale_inv"))
-                weight = dequantize(weight, scales, experts.block_size, dtype, _offset(experts, name))
+                weight = dequantize(weight, scales, experts.block_size, dtype, index)
             setattr(self, name, weight)
 
     def __getattr__(self, name):
