@@ -18,11 +18,28 @@ import textwrap
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers._pb import load
+from transformers._pb.ops import fused_moe, invariant_gemm
 
 fp8_dir, twin_dir = sys.argv[1], sys.argv[2]
 tok = AutoTokenizer.from_pretrained(twin_dir)
 passages = [textwrap.dedent(inspect.getsource(f))[:600] for f in (json.dumps, textwrap.wrap, inspect.getsource)]
 
+# products that read float8 weights in the series' kernels (0380's GEMM, 0220's experts)
+calls = {"gemm_fp8": 0, "moe_fp8": 0}
+gemm, experts_forward = invariant_gemm.gemm, fused_moe.experts_forward
+
+
+def counting_gemm(*args, scales=None, **kwargs):
+    calls["gemm_fp8"] += scales is not None
+    return gemm(*args, scales=scales, **kwargs)
+
+
+def counting_experts(self, *args):
+    calls["moe_fp8"] += getattr(self, "pb_fp8", None) is not None
+    return experts_forward(self, *args)
+
+
+invariant_gemm.gemm, fused_moe.experts_forward = counting_gemm, counting_experts
 report = []  # what upstream's loader logs (its load report names each refused weight's reason)
 handler = logging.Handler()
 handler.emit = lambda record: report.append(record.getMessage())
@@ -39,7 +56,7 @@ except Exception as error:  # upstream's load-time dequantization refuses ragged
     print(json.dumps({"load_error": f"{type(error).__name__}: {error}", "report": "\n".join(report)}))
     sys.exit(0)
 load.after(model)
-twin = AutoModelForCausalLM.from_pretrained(twin_dir, attn_implementation="sdpa", **split).eval()
+twin = AutoModelForCausalLM.from_pretrained(twin_dir, attn_implementation="sdpa", **kwargs).eval()
 layer = model.model.layers[-1]
 out = {"rank": int(os.environ.get("RANK", "0")), "linear_dtype": str(layer.self_attn.q_proj.weight.dtype),
        "experts_dtype": str(layer.mlp.experts.down_proj.dtype),
@@ -50,4 +67,5 @@ with torch.no_grad():
         a, b = model(ids).logits, twin(ids).logits
         out["equal"].append(torch.equal(a, b))
         out["max_abs"] = max(out["max_abs"], (a - b).abs().max().item())
+out["kernel_calls"] = calls
 print(json.dumps(out))

@@ -40,39 +40,53 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps
 
 gate_up, down = moe_kernels.pb_moe_gate_up, moe_kernels.pb_moe_down
 MOE_INTS = ["n_pairs", "hidden", "inter", "stride_we", "stride_wn"]
+# 0810's scale arguments (unread unless W_FP8)
+SCALES = {"s_ptr": "*fp32", "s_n_ptr": "*i32", "s_k_ptr": "*i32", "stride_se": "i32", "stride_sn": "i32",
+          "stride_sk": "i32"}
 down_sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
             "weights_ptr": "*fp32", "n_pairs": "i32", "hidden": "i32", "inter": "i32", "stride_h": "i32",
-            "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", "BM": "constexpr", "BN": "constexpr",
-            "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr"}
+            "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", **SCALES, "BM": "constexpr", "BN": "constexpr",
+            "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr", "W_FP8": "constexpr"}
 gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
                "n_pairs": "i32", "top_k": "i32", "hidden": "i32", "inter": "i32", "stride_x": "i32", "stride_we": "i32",
-               "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
-               "EVEN_K": "constexpr", "W_TMA": "constexpr"}
+               "stride_wn": "i32", "stride_h": "i32", **SCALES, "BM": "constexpr", "BN": "constexpr",
+               "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr", "W_FP8": "constexpr"}
 report = {}
 # 0220's decode launch (16-row blocks) and 0390's large-step launch (128-row blocks), each kernel at
 # the tile the engine gives it
 for label, bm, gu_tiles, down_tiles in (("decode", fused_moe.BLOCK_M, *fused_moe.DECODE_TILES),
                                         ("large", moe_one_path.BLOCK_M, moe_one_path.GATE_UP_TILES,
                                          moe_one_path.DOWN_TILES)):
-    bn, bk, warps, stages = gu_tiles
-    report[f"moe_gate_up_{label}"] = compile_for_sm90(
-        gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
-        pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
-    bn, bk, warps, stages = down_tiles
-    report[f"moe_down_{label}"] = compile_for_sm90(
-        down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
-        pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
+    for fp8 in (False, True):  # 0810: float8 weights expanded in the tile
+        suffix = "_fp8" if fp8 else ""
+        weights = {"w_ptr": "*fp8e4nv"} if fp8 else {}
+        bn, bk, warps, stages = gu_tiles
+        report[f"moe_gate_up_{label}{suffix}"] = compile_for_sm90(
+            gate_up, {**gate_up_sig, **weights}, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False,
+                                                  "W_FP8": fp8},
+            pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
+        bn, bk, warps, stages = down_tiles
+        report[f"moe_down_{label}{suffix}"] = compile_for_sm90(
+            down, {**down_sig, **weights}, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False,
+                                            "W_FP8": fp8},
+            pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
 # 0380's GEMM, one chunk, a prompt's tile (its strides as F.linear lays out a weight: K contiguous)
 gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
             "K": "i32", "CHUNK_K": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bk": "constexpr",
-            "stride_bn": "i32", "stride_om": "i32", "stride_on": "constexpr", "HAS_BIAS": "constexpr",
+            "stride_bn": "i32", "stride_om": "i32", "stride_on": "constexpr", "s_ptr": "*fp32", "s_n_ptr": "*i32",
+            "s_k_ptr": "*i32", "stride_sn": "i32", "stride_sk": "i32", "HAS_BIAS": "constexpr",
             "CHUNKED": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "GROUP_M": "constexpr", "PRECISION": "constexpr"}
-report["invariant_gemm_prompt"] = compile_for_sm90(
-    gemm_kernels.pb_gemm, gemm_sig,
-    {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
-     "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"},
-    pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"], 8, 3, (128, 128))
+            "GROUP_M": "constexpr", "PRECISION": "constexpr", "W_FP8": "constexpr"}
+gemm_constants = {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
+                  "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee", "W_FP8": False}
+gemm_aligned = pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"]
+report["invariant_gemm_prompt"] = compile_for_sm90(gemm_kernels.pb_gemm, gemm_sig, gemm_constants, gemm_aligned, 8, 3,
+                                                   (128, 128))
+# 0810: the decode tile (16 rows, one chunk) on float8 weights, and on bf16 beside it
+for fp8 in (False, True):
+    report["invariant_gemm_decode" + ("_fp8" if fp8 else "")] = compile_for_sm90(
+        gemm_kernels.pb_gemm, {**gemm_sig, "b_ptr": "*fp8e4nv" if fp8 else "*bf16"},
+        {**gemm_constants, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "W_FP8": fp8}, gemm_aligned, 4, 4, (16, 32))
 # 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide), pointer loads (0400 off),
 # the step's own keys (0750 off: idx_ptr unread)
 attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": "*bf16",

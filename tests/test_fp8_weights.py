@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from .conftest import ALL_ON, INTERPRETER_ENV, LOCAL, Server, engine_job, engine_module, free_port  # noqa: F401
+from .conftest import ALL_ON, INTERPRETER_ENV, LOCAL, Server, engine_code, engine_job, engine_module, free_port
 from patchbay.runtime import fp8
 
 E4M3_TINY = 2.0 ** -9  # e4m3's smallest subnormal
@@ -184,3 +184,43 @@ def test_tp2_shards_scales_with_their_rows(patched_engine, trained_fp8):
     ranks = _tp_job(patched_engine, *trained_fp8, PB_FP8_WEIGHTS="1", **INTERPRETER_ENV)
     for out in ranks:
         assert out["linear_dtype"] == "torch.float8_e4m3fn" and out["equal"] == [True, True, True], ranks
+
+
+KERNELS = {"TRITON_INTERPRET": "1", "PB_INVARIANT_GEMM": "1", "PB_FUSED_MOE": "1"}
+
+GEMM_CODE = """
+import json, torch
+from transformers._pb.ops import fp8_weights, invariant_gemm
+invariant_gemm.at_load()  # the knob is on in this process's environment
+torch.manual_seed(3)
+out = {}
+# a 200 x 4,800 float8 weight (K in chunks: 0380's decode path sums them apart); a shard of its
+# rows 64-263 of a 300-row matrix and columns 96-4,895 of 5,000, both starting inside a block
+grid = torch.rand(3, 40) + 0.5
+q = (torch.randn(300, 5000) * 100).to(torch.float8_e4m3fn)
+rows, cols = torch.arange(64, 264), torch.arange(96, 4896)
+shard = q[64:264, 96:4896]
+expanded = fp8_weights.dequantize(shard, grid, (128, 128), torch.float32, (rows, cols))
+blocks = ((rows // 128).int(), (cols // 128).int())
+for m in (1, 5, 300):
+    a = torch.randn(m, 4800)
+    fp8 = invariant_gemm.gemm(a, shard.t(), scales=(grid, *blocks))
+    out[m] = torch.equal(fp8, invariant_gemm.gemm(a, expanded.t()))
+print(json.dumps(out))
+"""
+
+
+def test_gemm_expands_fp8_tiles_to_the_expanded_weights_sums(patched_engine):
+    """0380's GEMM reading a float8 shard that starts mid-block gives, at 1, 5 and 300 rows (chunked
+    K, one program a chunk or a tile), the bits of the same GEMM on the expanded weight."""
+    proc = engine_code(GEMM_CODE, patched_engine, timeout=900, PB_INVARIANT_GEMM="1", TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"1": True, "5": True, "300": True}
+
+
+def test_kernels_expand_fp8_tiles_to_the_twins_sums(patched_engine, trained_fp8):
+    """With 0380's GEMM and 0220's experts kernels (under Triton's interpreter), the FP8 model reads
+    float8 tiles and its logits equal the twin's under the same kernels, bit for bit."""
+    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, timeout=1800, PB_FP8_WEIGHTS="1", **KERNELS)
+    assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["equal"] == [True, True, True], on
+    assert on["kernel_calls"]["gemm_fp8"] > 0 and on["kernel_calls"]["moe_fp8"] > 0, on

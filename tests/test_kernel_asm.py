@@ -32,3 +32,13 @@ def test_prompt_sized_kernels_store_16_bytes_at_a_time_from_a_pipelined_tensor_c
 def test_the_moe_decode_kernels_store_a_threads_values_in_one_instruction(asm, name):
     # 16 x 32 tile, 4 warps: 4 values a thread, one 8-byte store (4 single stores before W12)
     assert asm[name]["stores"] == 1, asm[name]
+
+
+@pytest.mark.parametrize("name", ("moe_gate_up_decode", "moe_down_decode", "moe_gate_up_large", "moe_down_large",
+                                  "invariant_gemm_decode"))
+def test_fp8_weight_kernels_compile_and_store_as_their_bf16_launches(asm, name):
+    """0810's float8 variants (tiles expanded in registers) compile for sm_90 and store their output
+    as the bf16 launch of the same tile does; their float8 weight loads are pipelined like it."""
+    bf16, fp8 = asm[name], asm[f"{name}_fp8"]
+    assert fp8["stores"] == bf16["stores"] and fp8["stores_16b"] == bf16["stores_16b"], (bf16, fp8)
+    assert (fp8["async_copies"] > 0) == (bf16["async_copies"] > 0), (bf16, fp8)

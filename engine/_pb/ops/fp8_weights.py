@@ -13,10 +13,20 @@ products are weight-only FP8 (W8A16): each weight is expanded to the activations
 `(float(q) * scale_inv).to(dtype)`, exactly the values upstream's load-time dequantization
 writes, and multiplied in that dtype. So a model served this way computes what its
 dequantized twin (the same checkpoint expanded once, saved in the compute dtype) computes:
-`tests/test_fp8_weights.py` holds the two to the same bits. The experts go through the
-bf16 experts implementation of the same name (`grouped_mm`, 0220's `pb_triton`) on the
-expanded weights. Here every call expands the weights it uses: the reference, correct on any
-device and slow on a GPU, where kernels that expand tiles in registers take its place.
+`tests/test_fp8_weights.py` holds the two to the same bits.
+
+Where the series' kernels run (a GPU, or Triton's interpreter in the tests), they read the
+float8 weights and expand each tile in registers before the same dots, in the same order, as
+their bf16 launch makes: the linears through 0380's GEMM (PB_INVARIANT_GEMM), the experts
+through 0220's kernels (PB_FUSED_MOE's `pb_triton`, 0390's large steps included); a step
+therefore reads one byte a weight, and the sums are those of the twin under the same knobs.
+Elsewhere each call expands the weights it uses and runs the bf16 product of the same name
+(F.linear; upstream's `grouped_mm` and `batched_mm`, or 0220's fallback): the reference,
+correct on any device and slow on a GPU.
+
+Under tensor parallelism every rank keeps each weight's whole scale grid (upstream splits it
+like the weight, and a shard that starts inside a block then reads no scales or the wrong
+ones) and reads it at its shard's global rows and columns, found at load.
 
 Activations are not quantized (the checkpoint's `activation_scheme` is not used): decode reads
 weights, and reading one byte per weight instead of two is the gain.
@@ -30,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import knobs
+from .common import INTERPRET
 
 # The experts implementations this module serves for FP8 experts, each through the bf16
 # implementation registered under the same name: upstream's two, and 0220's.
@@ -102,24 +113,42 @@ def _index(module, name: str):
     return module.__dict__.get("_pb_fp8_index", {}).get(name)
 
 
+def _blocks(module, name: str):
+    """The scale grid's row for each of `module.name`'s rows and its column for each of its columns
+    (int32, on the weight's device), as the kernels read them; after_load made them."""
+    return module.__dict__["_pb_fp8_blocks"][name]
+
+
 def after_load(model) -> None:
     """Once the weights are loaded (a shard's parameters are DTensors here; inside a
-    tensor-parallel forward they are plain local tensors): each FP8 shard's global indices."""
+    tensor-parallel forward they are plain local tensors): each FP8 weight's global rows and
+    columns, and the scale-grid rows and columns the kernels read for them."""
     if not ENABLED:
         return
     shards = 0
     for module in model.modules():
+        block = getattr(module, "block_size", None)
         for name, weight in module._parameters.items():
-            if weight is None or weight.dtype != torch.float8_e4m3fn or not hasattr(weight, "placements"):
+            if weight is None or weight.dtype != torch.float8_e4m3fn or block is None:
                 continue
             rows, cols = _global_index(weight, -2), _global_index(weight, -1)
-            local = _local(weight).shape
-            module.__dict__.setdefault("_pb_fp8_index", {})[name] = (
-                torch.arange(local[-2]) if rows is None else rows, torch.arange(local[-1]) if cols is None else cols)
-            shards += 1
+            local = _local(weight)
+            shards += rows is not None or cols is not None
+            rows = torch.arange(local.shape[-2]) if rows is None else rows
+            cols = torch.arange(local.shape[-1]) if cols is None else cols
+            module.__dict__.setdefault("_pb_fp8_index", {})[name] = (rows, cols)
+            module.__dict__.setdefault("_pb_fp8_blocks", {})[name] = (
+                (rows // block[0]).to(torch.int32).to(local.device), (cols // block[1]).to(torch.int32).to(local.device))
     if shards:
         sys.stderr.write(f"patchbay: PB_FP8_WEIGHTS: {shards} FP8 weights are tensor-parallel shards, each "
                          "reading the whole scale grid at its global rows and columns\n")
+
+
+def _kernels(x: torch.Tensor) -> bool:
+    """Whether products on `x` run through 0380's GEMM (its registration in force, a device it drives)."""
+    from . import invariant_gemm
+
+    return invariant_gemm._library is not None and x.dtype in invariant_gemm.DTYPES and (x.is_cuda or INTERPRET)
 
 
 def _local(t):
@@ -131,9 +160,16 @@ def linear_forward(self, input: torch.Tensor) -> torch.Tensor:
     weight = _local(self.weight)
     if weight.element_size() > 1:
         return F.linear(input, weight, self.bias)
-    w = dequantize(weight, _local(self.weight_scale_inv), self.block_size, input.dtype,
-                   _index(self, "weight"))
     bias = None if self.bias is None else _local(self.bias).to(input.dtype)
+    scales = _local(self.weight_scale_inv)
+    if self.block_size is not None and _kernels(input):
+        # 0380's GEMM expands the tiles it reads: the sums F.linear on the expanded weight makes there
+        from . import invariant_gemm
+
+        rows = input.reshape(-1, input.shape[-1])
+        out = invariant_gemm.gemm(rows, weight.t(), bias, scales=(scales, *_blocks(self, "weight")))
+        return out.view(*input.shape[:-1], weight.shape[0])
+    w = dequantize(weight, scales, self.block_size, input.dtype, _index(self, "weight"))
     return F.linear(input, w, bias)
 
 
@@ -168,10 +204,30 @@ class _Expanded:
         return getattr(self._pb_source, name)
 
 
+class _Scaled:
+    """An FP8 experts module as 0220's kernels read it: its local float8 weights, and in `pb_fp8`
+    each one's scale grid with the grid rows and columns of its rows and columns."""
+
+    def __init__(self, experts):
+        self._pb_source = experts
+        self.pb_fp8 = {}
+        for name, short in (("gate_up_proj", "gate_up"), ("down_proj", "down")):
+            self.__dict__[name] = _local(experts._parameters[name])
+            self.pb_fp8[short] = (_local(getattr(experts, f"{name}_scale_inv")), *_blocks(experts, name))
+
+    def __getattr__(self, name):
+        return getattr(self._pb_source, name)
+
+
 def _experts_forward(name: str):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         from ...integrations.moe import ALL_EXPERTS_FUNCTIONS
+        from . import fused_moe
 
+        if name == fused_moe.NAME and self.has_gate and getattr(self, "block_size", None) is not None:
+            scaled = _Scaled(self)
+            if fused_moe.takes_kernels(scaled, hidden_states, top_k_index):
+                return fused_moe.experts_forward(scaled, hidden_states, top_k_index, top_k_weights)
         implementation = ALL_EXPERTS_FUNCTIONS[name]
         return implementation(_Expanded(self, hidden_states.dtype), hidden_states, top_k_index, top_k_weights)
 

@@ -140,20 +140,33 @@ def _kernels_fit(experts) -> bool:
             and getattr(experts.config, "hidden_act", None) == "silu")
 
 
+def takes_kernels(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> bool:
+    """Whether `experts_forward` runs this step through the kernels (else upstream's grouped_mm)."""
+    from . import moe_one_path
+
+    large = hidden_states.shape[0] * top_k_index.shape[-1] > FUSED_MAX_PAIRS and TILES_OVERRIDE is None
+    return ((not large or moe_one_path.ENABLED) and (hidden_states.is_cuda or INTERPRET) and _kernels_fit(self))
+
+
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The experts implementation: same contract as upstream's eager forward."""
+    """The experts implementation: same contract as upstream's eager forward.
+
+    0810: experts whose `pb_fp8` holds, for "gate_up" and "down", a float8 weight's scale grid
+    [E, rows, cols] and the grid row of each weight row and the grid column of each k read
+    float8 weights and expand them in the kernels (callers send such experts only here)."""
     from . import moe_one_path
 
     tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
     large = tokens * top_k > FUSED_MAX_PAIRS and TILES_OVERRIDE is None
     one_path = moe_one_path.ENABLED  # 0390: large steps take these kernels too
-    if (large and not one_path) or not (hidden_states.is_cuda or INTERPRET) or not _kernels_fit(self):
+    if not takes_kernels(self, hidden_states, top_k_index):
         from ...integrations.moe import grouped_mm_experts_forward
 
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     kernel = kernels("fused_moe")
+    fp8 = getattr(self, "pb_fp8", None)
     num_experts = self.num_experts
     x = hidden_states.contiguous()
     w_gu, w_d = (w.to_local() if hasattr(w, "to_local") else w for w in (self.gate_up_proj, self.down_proj))
@@ -168,7 +181,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         large_gu, large_d = moe_one_path.large_tiles((t_gu.bk, t_d.bk))
         block_m, t_gu, t_d = moe_one_path.BLOCK_M, Tiles(*large_gu), Tiles(*large_d)
     descriptors = None
-    if large and one_path and moe_one_path.TMA:  # 0430: the experts' weights through TMA descriptors
+    if large and one_path and moe_one_path.TMA and fp8 is None:  # 0430: the experts' weights through TMA
         descriptors = moe_one_path.weight_descriptors(w_gu, w_d, (t_gu.bn, t_gu.bk), (t_d.bn, t_d.bk))
     rows, block_expert = align(top_k_index, num_experts, block_m)
     n_pairs = tokens * top_k
@@ -179,17 +192,26 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     weights = top_k_weights.reshape(-1).contiguous()
     kernel.pb_moe_gate_up[(blocks, -(-inter // t_gu.bn))](
         x, descriptors[0] if descriptors else w_gu, h, rows, block_expert, n_pairs, top_k, hidden, inter,
-        x.stride(0), w_gu.stride(0), w_gu.stride(1), h.stride(0),
+        x.stride(0), w_gu.stride(0), w_gu.stride(1), h.stride(0), *_scale_args(fp8, "gate_up", x),
         BM=block_m, BN=t_gu.bn, BK=t_gu.bk, EVEN_K=hidden % t_gu.bk == 0, W_TMA=descriptors is not None,
-        num_warps=t_gu.warps, num_stages=t_gu.stages)
+        W_FP8=fp8 is not None, num_warps=t_gu.warps, num_stages=t_gu.stages)
     kernel.pb_moe_down[(blocks, -(-hidden // t_d.bn))](
         h, descriptors[1] if descriptors else w_d, y, rows, block_expert, weights, n_pairs, hidden, inter,
-        h.stride(0), w_d.stride(0), w_d.stride(1), y.stride(0),
+        h.stride(0), w_d.stride(0), w_d.stride(1), y.stride(0), *_scale_args(fp8, "down", x),
         BM=block_m, BN=t_d.bn, BK=t_d.bk, EVEN_K=inter % t_d.bk == 0, W_TMA=descriptors is not None,
-        num_warps=t_d.warps, num_stages=t_d.stages)
+        W_FP8=fp8 is not None, num_warps=t_d.warps, num_stages=t_d.stages)
     if one_path:
         return moe_one_path.combine(y, top_k_index, num_experts)
     return y.view(tokens, top_k, hidden).sum(dim=1)
+
+
+def _scale_args(fp8: dict | None, name: str, unread: torch.Tensor) -> tuple:
+    """The kernels' scale arguments: grid, grid row of each weight row, grid column of each k, and
+    the grid's three strides (0810); `unread` stands in for them when the weights are not float8."""
+    if fp8 is None:
+        return unread, unread, unread, 0, 0, 0
+    grid, grid_n, grid_k = fp8[name]
+    return (grid, grid_n, grid_k, *grid.stride())
 
 
 def register() -> None:

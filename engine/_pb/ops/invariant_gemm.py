@@ -131,9 +131,13 @@ def _supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+         out_dtype: torch.dtype | None = None, scales: tuple | None = None) -> torch.Tensor:
     """a [M, K] @ b [K, N] (+ bias [N]) with each element's sum fixed by (N, K) alone, in
-    `out_dtype` (a's by default)."""
+    `out_dtype` (a's by default).
+
+    `scales` (0810): b is float8, and (grid, grid_n, grid_k) expand it, element (k, n) becoming
+    `float(b[k, n]) * grid[grid_n[n], grid_k[k]]` in a's type inside the kernel: the same sums,
+    in the same order, as the product with that expanded matrix (the pointer paths only)."""
     kernel = kernels("invariant_gemm")
     (m, k), n = a.shape, b.shape[1]
     out = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
@@ -147,16 +151,19 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     tiles_m, tiles_n = -(-m // t.m), -(-n // t.n)
     precision = "tf32" if a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     bias_arg = out if bias is None else bias
+    grid, grid_n, grid_k = scales if scales is not None else (a, a, a)  # unread unless W_FP8
+    fp8 = (grid, grid_n, grid_k, grid.stride(0) if scales else 0, grid.stride(1) if scales else 0)
     if chunks > 1 and m <= CHUNK_MAX_ROWS:
         parts = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device)
         kernel.pb_gemm_chunks[(tiles_m, tiles_n, chunks)](
-            a, b, parts, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
+            a, b, parts, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), *fp8,
+            BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision, W_FP8=scales is not None, num_warps=t.warps,
+            num_stages=t.stages)
         sum_m = min(t.m, 32)
         kernel.pb_gemm_sum[(-(-m // sum_m), tiles_n)](
             parts, bias_arg, out, m, n, chunks, out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
             BLOCK_M=sum_m, BLOCK_N=t.n, num_warps=4)
-    elif TMA and (fast := tma_tiles(m, n, chunks > 1)) and step % fast.k == 0 and (
+    elif TMA and scales is None and (fast := tma_tiles(m, n, chunks > 1)) and step % fast.k == 0 and (
             descriptors := _descriptors(a, b, fast)):
         kernel.pb_gemm_tma[(-(-m // fast.m) * -(-n // fast.n),)](
             *descriptors, bias_arg, out, m, n, k, step, out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
@@ -165,8 +172,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     else:
         kernel.pb_gemm[(tiles_m * tiles_n,)](
             a, b, bias_arg, out, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            out.stride(1), HAS_BIAS=bias is not None, CHUNKED=chunks > 1, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k,
-            GROUP_M=GROUP_M, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
+            out.stride(1), *fp8, HAS_BIAS=bias is not None, CHUNKED=chunks > 1, BLOCK_M=t.m, BLOCK_N=t.n,
+            BLOCK_K=t.k, GROUP_M=GROUP_M, PRECISION=precision, W_FP8=scales is not None, num_warps=t.warps,
+            num_stages=t.stages)
     return out
 
 

@@ -5,6 +5,8 @@ launchers and the tiles in words: ops/fused_moe.py (and ops/moe_one_path.py for 
 import triton
 import triton.language as tl
 
+from . import fp8_tiles
+
 
 @triton.jit
 def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
@@ -35,10 +37,12 @@ def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, ma
 
 @triton.jit
 def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top_k, hidden, inter,
-            stride_x, stride_we, stride_wn, stride_h,
+            stride_x, stride_we, stride_wn, stride_h, s_ptr, s_n_ptr, s_k_ptr, stride_se, stride_sn, stride_sk,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-            W_TMA: tl.constexpr = False):
+            W_TMA: tl.constexpr = False, W_FP8: tl.constexpr = False):
     # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * 2 * inter, hidden]
+    # W_FP8 (0810): the weights are float8, each expanded to x's type with its block's scale,
+    # s[expert, s_n[row], s_k[k]] (the scale grid's row for each weight row, its column for each k)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -65,6 +69,11 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
             acc_u += tl.dot(x, w_ptr.load([gate_row + inter, k0]).T)
     else:
         w_base = w_ptr + expert.to(tl.int64) * stride_we
+        s_base = s_ptr + expert.to(tl.int64) * stride_se
+        gate_blocks, up_blocks = offs_n, offs_n
+        if W_FP8:
+            gate_blocks = tl.load(s_n_ptr + offs_n).to(tl.int64)
+            up_blocks = tl.load(s_n_ptr + offs_n + inter).to(tl.int64)
         for k0 in range(0, hidden, BK):
             offs_k = k0 + tl.arange(0, BK)
             if EVEN_K:
@@ -77,6 +86,11 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
                 wg = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
                 wu = tl.load(w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None],
                              mask=k_ok[:, None], other=0.0)
+            if W_FP8:  # a k past the weight reads the last k's scale and multiplies a masked zero
+                wg = fp8_tiles.expand(wg, s_base, gate_blocks, s_k_ptr, offs_k, hidden - 1, stride_sn, stride_sk,
+                                      x.dtype)
+                wu = fp8_tiles.expand(wu, s_base, up_blocks, s_k_ptr, offs_k, hidden - 1, stride_sn, stride_sk,
+                                      x.dtype)
             acc_g += tl.dot(x, wg)
             acc_u += tl.dot(x, wu)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -85,10 +99,11 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
 
 @triton.jit
 def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_pairs, hidden, inter,
-         stride_h, stride_we, stride_wn, stride_y,
+         stride_h, stride_we, stride_wn, stride_y, s_ptr, s_n_ptr, s_k_ptr, stride_se, stride_sn, stride_sk,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-         W_TMA: tl.constexpr = False):
+         W_TMA: tl.constexpr = False, W_FP8: tl.constexpr = False):
     # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * hidden, inter]
+    # W_FP8 (0810): float8 weights expanded with their blocks' scales, as in pb_moe_gate_up
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -112,6 +127,10 @@ def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_
             acc += tl.dot(h, w_ptr.load([expert * hidden + pid_n * BN, k0]).T)
     else:
         w_base = w_ptr + expert.to(tl.int64) * stride_we
+        s_base = s_ptr + expert.to(tl.int64) * stride_se
+        row_blocks = offs_n
+        if W_FP8:
+            row_blocks = tl.load(s_n_ptr + offs_n).to(tl.int64)
         for k0 in range(0, inter, BK):
             offs_k = k0 + tl.arange(0, BK)
             if EVEN_K:
@@ -121,6 +140,8 @@ def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_
                 k_ok = offs_k < inter
                 h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+            if W_FP8:
+                w = fp8_tiles.expand(w, s_base, row_blocks, s_k_ptr, offs_k, inter - 1, stride_sn, stride_sk, h.dtype)
             acc += tl.dot(h, w)
     weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]

@@ -10,13 +10,21 @@ another in one program (enough programs already)."""
 import triton
 import triton.language as tl
 
+from . import fp8_tiles
+
 
 @triton.jit
 def chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak, stride_bk,
-              stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              PRECISION: tl.constexpr):
-    """One chunk's float32 sum for a [BLOCK_M, BLOCK_N] tile: A[rows, k_start:k_stop] @ B[k_start:k_stop, cols]."""
+              stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+    """One chunk's float32 sum for a [BLOCK_M, BLOCK_N] tile: A[rows, k_start:k_stop] @ B[k_start:k_stop, cols].
+    W_FP8 (0810): B is float8 and each of its elements is first expanded to A's type with its
+    block's scale, s[s_n[col], s_k[k]] (the scale grid's row for each column of B, its column
+    for each k), so the tile holds exactly the expanded weight's values."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    scale_n = cols
+    if W_FP8:
+        scale_n = tl.load(s_n_ptr + cols, mask=col_ok, other=0).to(tl.int64)  # a column past N reads row 0
     for k in range(k_start, k_stop, BLOCK_K):
         ks = (k + tl.arange(0, BLOCK_K)).to(tl.int64)
         k_ok = ks < k_stop
@@ -24,6 +32,8 @@ def chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_
                     other=0.0)
         b = tl.load(b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn, mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
+        if W_FP8:
+            b = fp8_tiles.expand(b, s_ptr, scale_n, s_k_ptr, ks, k_stop - 1, stride_sn, stride_sk, a.dtype)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
@@ -39,8 +49,9 @@ def finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stri
 
 @triton.jit(do_not_specialize=["M"])
 def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
-            stride_om, stride_on, HAS_BIAS: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
+            stride_om, stride_on, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, HAS_BIAS: tl.constexpr,
+            CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
     """One program an output tile, its chunks summed one after another (tiles ordered in groups of
     GROUP_M row tiles, so neighbouring programs share B's columns in cache). CHUNKED: the weight's
     K is cut into more than one chunk."""
@@ -60,16 +71,19 @@ def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride
         for k_start in range(0, K, CHUNK_K):
             k_stop = tl.minimum(k_start + CHUNK_K, K)
             total += chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak,
-                               stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+                               stride_bk, stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M,
+                               BLOCK_N, BLOCK_K, PRECISION, W_FP8)
     else:  # one chunk: its sum is the total (one accumulator, so wide tiles keep their registers)
         total = chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, 0, K, stride_am, stride_ak, stride_bk,
-                          stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+                          stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K,
+                          PRECISION, W_FP8)
     finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stride_on, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])
 def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                   s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
     """One program a (row tile, column tile, chunk): that chunk's float32 sum into part[chunk]."""
     tile_m, tile_n, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -78,7 +92,8 @@ def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_a
     k_start = chunk * CHUNK_K
     k_stop = tl.minimum(k_start + CHUNK_K, K)
     acc = chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak, stride_bk,
-                    stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+                    stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+                    W_FP8)
     tl.store(part_ptr + (chunk * M + rows[:, None]) * N + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
