@@ -71,6 +71,8 @@ def test_exact_against_a_second_server_refuses_bad_input_in_one_line(server_on):
     assert alone.returncode == 2 and "give --url" in alone.stderr
     short = patchbay("exact", "--url", server_on.url, "--b-url", server_on.url, "--max-tokens", "0")
     assert short.returncode == 2 and "--max-tokens 0" in short.stderr
+    lone = patchbay("exact", "--url", server_on.url, "--batched", "1", "--b-model", "other")
+    assert lone.returncode == 2 and "give --b-url" in lone.stderr
 
 
 def toy_series(tmp_path):
@@ -121,6 +123,8 @@ def test_score_through_servers_refuses_bad_input_in_one_line():
     both = patchbay("score", "--url", "http://127.0.0.1:9", "--b-url", "http://127.0.0.1:9", "--together")
     assert both.returncode == 2 and "exactly one of --b-url URL" in both.stderr
     local = patchbay("score", "--together")
+    assert local.returncode == 2 and "give --url too" in local.stderr
+    local = patchbay("score", "--b-model", "other")
     assert local.returncode == 2 and "give --url too" in local.stderr
     mixed = patchbay("score", "--url", "http://127.0.0.1:9", "--together", "--b-knob", "PB_SSE_DONE=1")
     assert mixed.returncode == 2 and "do not apply" in mixed.stderr

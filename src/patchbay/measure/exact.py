@@ -325,9 +325,11 @@ def check_probes(a: dict, b: dict, check: str) -> list[dict]:
 
 
 def chat_ids(client: httpx.Client, model: str, messages: list[dict], knobs: dict | None = None,
-             max_tokens: int = NEW_TOKENS, tokenizer: httpx.Client | None = None) -> list[int]:
+             max_tokens: int = NEW_TOKENS, tokenizer: httpx.Client | None = None,
+             tokenizer_model: str | None = None) -> list[int]:
     """One greedy reply as token ids: the reply text tokenized by the server's /tokenize
-    (PB_TOKENIZE), or by `tokenizer`'s, so a difference can be named by token."""
+    (PB_TOKENIZE), or by `tokenizer`'s (for its `tokenizer_model`), so a difference can be named
+    by token."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
     if knobs:
         body["pb_knobs"] = knobs
@@ -339,7 +341,8 @@ def chat_ids(client: httpx.Client, model: str, messages: list[dict], knobs: dict
             raise RuntimeError(f"{client.base_url} answered HTTP {r.status_code}: {r.text[:200]}")
         text = r.json()["choices"][0]["message"]["content"] or ""
         tokenizer = tokenizer or client
-        t = tokenizer.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+        t = tokenizer.post("/tokenize", json={"model": tokenizer_model or model, "prompt": text,
+                                              "add_special_tokens": False})
     except httpx.TransportError as e:
         raise RuntimeError(f"a server is not reachable ({e}); is it running?") from None
     if t.status_code != 200:
@@ -355,15 +358,16 @@ def check_same_bits(url: str, model: str, knob: str, off, on, timeout: float = 3
 
 
 def check_servers(url: str, b_url: str, model: str, max_tokens: int = NEW_TOKENS,
-                  timeout: float = 300.0) -> list[dict]:
+                  timeout: float = 300.0, b_model: str | None = None) -> list[dict]:
     """Every exactness prompt's greedy reply from server A against server B (the same model
-    served another way, e.g. one rank against two tensor-parallel ranks). Both name tokens with
-    A's /tokenize, so a tokenizer difference cannot hide a reply difference."""
+    served another way, e.g. one rank against two tensor-parallel ranks, or `b_model`: another
+    checkpoint of it, such as its FP8 copy). Both name tokens with A's /tokenize, so a tokenizer
+    difference cannot hide a reply difference."""
     with httpx.Client(base_url=url, timeout=timeout) as a, httpx.Client(base_url=b_url, timeout=timeout) as b:
         rows = []
         for i, messages in enumerate(EXACTNESS_PROMPTS):
             mine = chat_ids(a, model, messages, max_tokens=max_tokens)
-            theirs = chat_ids(b, model, messages, max_tokens=max_tokens, tokenizer=a)
+            theirs = chat_ids(b, b_model or model, messages, max_tokens=max_tokens, tokenizer=a, tokenizer_model=model)
             rows.append(_row(f"{b_url} == {url}", i, theirs, mine))
         return rows
 

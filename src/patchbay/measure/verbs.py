@@ -30,6 +30,8 @@ def cmd_exact(args) -> int:
                    "--b-url URL", 2)
     if (args.knob or args.batched or args.b_url) and not args.url:
         raise Fail("--knob, --batched and --b-url check a live server: give --url", 2)
+    if args.b_model and not args.b_url:
+        raise Fail("--b-model names what --b-url serves: give --b-url", 2)
     if args.max_tokens < 1:
         raise Fail(f"--max-tokens {args.max_tokens}: must be at least 1", 2)
     rows = []
@@ -50,11 +52,9 @@ def cmd_exact(args) -> int:
         if args.batched:
             rows += exact.check_batched(args.url, model, args.batched)
         if args.b_url:
-            b_model = _served_model(args.b_url) if not args.model else model
-            if b_model != model:
-                raise Fail(f"{args.url} serves {model} but {args.b_url} serves {b_model}: compare the same model", 2)
+            b_model = _b_model(args, model, "compare")
             try:
-                rows += exact.check_servers(args.url, args.b_url, model, args.max_tokens)
+                rows += exact.check_servers(args.url, args.b_url, model, args.max_tokens, b_model=b_model)
             except RuntimeError as e:
                 raise Fail(str(e)) from None
     if args.json:
@@ -86,8 +86,8 @@ def cmd_score(args) -> int:
     if args.url:
         rows = _score_served(args)
     else:
-        if args.b_url or args.together or args.model:
-            raise Fail("--b-url, --together and --model score live servers: give --url too", 2)
+        if args.b_url or args.together or args.model or args.b_model:
+            raise Fail("--b-url, --b-model, --together and --model score live servers: give --url too", 2)
         model = _default_model(args.model_dir)
         rows = exact.logprob_deltas(side(args.a_series, args.a_knob, "a"), side(args.b_series, args.b_knob, "b"))
     print("text  tokens  mean |Δ logprob|  max |Δ logprob|")
@@ -117,10 +117,7 @@ def _score_served(args) -> list[dict]:
     try:
         a = exact.score_served(args.url, model)
         if args.b_url:
-            b_model = args.model or _served_model(args.b_url)
-            if b_model != model:
-                raise Fail(f"{args.url} serves {model} but {args.b_url} serves {b_model}: score the same model", 2)
-            b = exact.score_served(args.b_url, model)
+            b = exact.score_served(args.b_url, _b_model(args, model, "score"))
         else:
             b = exact.score_served(args.url, model, together=True)
     except RuntimeError as e:
@@ -130,6 +127,18 @@ def _score_served(args) -> list[dict]:
             raise Fail(f"text {i}: A reported {len(x)} forced tokens and B {len(y)}: the servers tokenize "
                        "differently", 1)
     return exact.logprob_deltas(a, b)
+
+
+def _b_model(args, model: str, verb: str) -> str:
+    """The model id server B is asked for: --b-model (another checkpoint of the model, e.g. its FP8
+    copy), else A's, which B must serve too."""
+    if args.b_model:
+        return args.b_model
+    b_model = model if args.model else _served_model(args.b_url)
+    if b_model != model:
+        raise Fail(f"{args.url} serves {model} but {args.b_url} serves {b_model}: {verb} the same model, or "
+                   "name B's with --b-model to compare another checkpoint of it", 2)
+    return b_model
 
 
 def _load_series(folder: str | None):
@@ -436,6 +445,8 @@ def add_verbs(verb) -> None:
                    "(the same model served another way, e.g. TP=2 against TP=1) == from --url")
     x.add_argument("--max-tokens", type=int, default=16, help="with --b-url: reply length compared "
                    "(default: %(default)s)")
+    x.add_argument("--b-model", help="with --b-url: the model id B serves, when it is another checkpoint of A's "
+                   "model (its FP8 copy, say); default: A's")
     x.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     sc = verb("score", cmd_score, "teacher-forced scoring: mean and max |Δ logprob| of reference texts, A vs B")
     for arm in ("a", "b"):
@@ -445,6 +456,8 @@ def add_verbs(verb) -> None:
     sc.add_argument("--url", help="score through this live server's decode path instead (PB_FORCED_DECODING=1)")
     sc.add_argument("--b-url", metavar="URL", help="with --url: B is this other live server")
     sc.add_argument("--model", help="with --url: the model id (default: the first one /v1/models lists)")
+    sc.add_argument("--b-model", help="with --b-url: the model id B serves, when it is another checkpoint of A's "
+                    "model (its FP8 copy, say); default: A's")
     sc.add_argument("--together", action="store_true",
                     help="with --url: B is the same server with every text sent at once (batched)")
     sc.add_argument("--json", metavar="FILE", help="also write the table as JSON")
