@@ -35,3 +35,20 @@ def test_an_arms_engine_replaces_the_carried_ones_on_the_path(monkeypatch):
     assert servers.engine_path("/tmp/before") == "/tmp/before:/tmp/pb-site:/repo/src"
     monkeypatch.delenv("PYTHONPATH")
     assert servers.engine_path("/tmp/before") == "/tmp/before"
+
+
+def test_fp8_models_are_served_only_with_their_knob(patched_engine, monkeypatch):
+    """`serve --model synthetic:air12-fp8` (or full-size Air in FP8) without PB_FP8_WEIGHTS stops at
+    once, saying why, before it builds anything; a name it does not know is refused too."""
+    import subprocess
+    import sys
+
+    from ..conftest import engine_environ
+
+    env = engine_environ(patched_engine)
+    for model in ("synthetic:air12-fp8", "synthetic:air-fp8"):
+        proc = subprocess.run([sys.executable, "-m", "patchbay.device", "serve", "--model", model], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and f"{model} is served with PB_FP8_WEIGHTS=1" in proc.stderr, proc.stderr
+    with pytest.raises(ValueError, match="not one of synthetic:air12, synthetic:air12-fp8"):
+        servers.build_model("synthetic:air13")

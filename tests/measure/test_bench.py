@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import numpy as np
 import pytest
 
@@ -428,3 +429,21 @@ def test_ab_refuses_a_b_server_with_another_model(server_off, server_on, tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not other-model" in proc.stderr and "same model" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.engine
+def test_ab_b_model_names_another_checkpoint_that_b_must_list(server_off, server_on, tmp_path):
+    """--b-model: arm B asks its server for that id (another checkpoint of the model, e.g. its FP8
+    copy); a B server that does not list it is refused before the run, and so is --b-model alone."""
+    listed = httpx.get(f"{server_on.url}/v1/models").json()["data"][0]["id"]
+    proc = patchbay("ab", "--url", server_off.url, "--b-url", server_on.url, "--model", server_off.model,
+                    "--b-model", listed, "--suites", "count", "--max-tokens", "2", "--reps", "1", "--warmup", "0",
+                    "--window", "b-model", "--results-dir", str(tmp_path), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg = json.loads((next(tmp_path.iterdir()) / "config.json").read_text())
+    assert cfg["b_server"]["model"] == listed and cfg["model"] == server_off.model
+    other = patchbay("ab", "--url", server_off.url, "--b-url", server_on.url, "--model", server_off.model,
+                     "--b-model", "other-model", "--suites", "count", "--quiet")
+    assert other.returncode == 2 and "not --b-model other-model" in other.stderr, other.stderr
+    alone = patchbay("ab", "--url", server_off.url, "--b-model", "x", "--knob", "PB_SSE_DONE=0,1", "--quiet")
+    assert alone.returncode == 2 and "give --b-url" in alone.stderr, alone.stderr

@@ -101,7 +101,7 @@ def test_unknown_key_names_the_allowed_keys(tmp_path):
     ("PORT=0", "PORT=0 is out of range"),
     ("CONTINUOUS_BATCHING=yes", "CONTINUOUS_BATCHING=yes is not a valid value (allowed: 0, 1)"),
     ("HOST=not-an-ip", "HOST=not-an-ip is not an IP address"),
-    ("MODEL=relative/path", "MODEL=relative/path must be synthetic:tiny, synthetic:trained or a local checkpoint folder"),
+    ("MODEL=relative/path", "MODEL=relative/path must be synthetic:tiny, synthetic:trained, synthetic:trained-fp8 or a local checkpoint folder"),
     ("RUNTIME=ssh", "RUNTIME=ssh is not supported (allowed: local, docker)"),
     ("WORKER=gpu2", "WORKER=gpu2 is not a node (allowed: local, ssh://user@host, or empty for one node)"),
     ("HEAD=", "HEAD= is not a node (allowed: local, ssh://user@host)"),

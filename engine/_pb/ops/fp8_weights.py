@@ -137,8 +137,8 @@ def after_load(model) -> None:
             rows = torch.arange(local.shape[-2]) if rows is None else rows
             cols = torch.arange(local.shape[-1]) if cols is None else cols
             module.__dict__.setdefault("_pb_fp8_index", {})[name] = (rows, cols)
-            module.__dict__.setdefault("_pb_fp8_blocks", {})[name] = (
-                (rows // block[0]).to(torch.int32).to(local.device), (cols // block[1]).to(torch.int32).to(local.device))
+            module.__dict__.setdefault("_pb_fp8_blocks", {})[name] = tuple(
+                (index // size).to(torch.int32).to(local.device) for index, size in ((rows, block[0]), (cols, block[1])))
     if shards:
         sys.stderr.write(f"patchbay: PB_FP8_WEIGHTS: {shards} FP8 weights are tensor-parallel shards, each "
                          "reading the whole scale grid at its global rows and columns\n")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .. import ROOT
+from .servers import MODELS
 
 
 def _moe(argv: list[str]) -> int:
@@ -77,8 +78,11 @@ OWN_FLAGS = {
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m patchbay.device", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    s = sub.add_parser("serve", help="serve synthetic:air12 until interrupted")
+    s = sub.add_parser("serve", help="serve synthetic:air12 (or --model) until interrupted")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", default="synthetic:air12", choices=MODELS,
+                   help="what to build in memory: air12 (bf16), air12 in FP8, or full-size Air in FP8 (the FP8 "
+                   "ones need PB_FP8_WEIGHTS=1); default: %(default)s")
     s.add_argument("--cuda-graphs", action="store_true", help="upstream's --cb-use-cuda-graph")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--compile", action="store_true", help="upstream's --compile (sequential path, no batching)")
@@ -102,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--b-engine", metavar="DIR", help="the same for arm B")
     b.add_argument("--a-tp", type=int, default=1)
     b.add_argument("--b-tp", type=int, default=1)
+    b.add_argument("--a-model", default="synthetic:air12", choices=MODELS,
+                   help="with --a-env/--b-env and no --model-dir: what arm A builds in memory (default: %(default)s)")
+    b.add_argument("--b-model", default="synthetic:air12", choices=MODELS,
+                   help="the same for arm B (synthetic:air12-fp8 against A's air12: FP8 weights paired with bf16)")
     b.add_argument("--score", metavar="DIR", help="with --a-env/--b-env: then teacher-forced |Δ logprob| through "
                    "both servers into DIR (both envs need PB_FORCED_DECODING=1)")
     b.add_argument("ab_args", nargs=argparse.REMAINDER)
@@ -168,7 +176,7 @@ def main(argv: list[str]) -> int:
             return side_by_side(args.cuda_graphs, args.port, envs, args.num_blocks or 192, Path(args.logs), ab_args,
                                 args.model_dir, (args.a_tp, args.b_tp),
                                 score=Path(args.score) if args.score else None,
-                                engines=(args.a_engine, args.b_engine))
+                                engines=(args.a_engine, args.b_engine), models=(args.a_model, args.b_model))
         if args.model_dir:  # one server of the checkpoint; ab's arms are per-request knobs (or --b-url)
             return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks or 192,
                                  Path(args.logs), ab_args)
@@ -200,7 +208,8 @@ def main(argv: list[str]) -> int:
                          args.graph_sampling)
     from .servers import serve_forever
 
-    return serve_forever(args.port, args.cuda_graphs, args.seed, compile=args.compile, num_blocks=args.num_blocks)
+    return serve_forever(args.port, args.cuda_graphs, args.seed, compile=args.compile, num_blocks=args.num_blocks,
+                         model_name=args.model)
 
 
 if __name__ == "__main__":

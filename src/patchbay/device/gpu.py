@@ -80,7 +80,8 @@ def carry_report(root: Path, carried: list[Path]) -> str:
 def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int, logs: Path,
                  ab_args: list[str], model_dir: str | None = None, tps: tuple[int, int] = (1, 1),
                  device: str = "cuda", score: Path | None = None,
-                 engines: tuple[str | None, str | None] = (None, None)) -> int:
+                 engines: tuple[str | None, str | None] = (None, None),
+                 models: tuple[str, str] = (AIR12, AIR12)) -> int:
     """`patchbay ab` between two servers side by side, for settings read at start: A on `port`
     with envs[0], B on port + 1 with envs[1], each with a fixed KV pool. Without `model_dir`
     each is air12 built in memory from the same seed on GPU 0 (two 54 GB models and their pools
@@ -90,7 +91,9 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
     --b-url`, 64 tokens) and the reference texts forced through both servers (`patchbay score
     --url`, both need PB_FORCED_DECODING=1); the rows and |Δ logprob| tables land there as JSON.
     `engines` puts another engine folder first on an arm's PYTHONPATH (two builds, one knob set:
-    with --score, whether a change of the engine's code kept its bits)."""
+    with --score, whether a change of the engine's code kept its bits). Without `model_dir`,
+    `models` names what each arm builds in memory (servers.MODELS: air12 against air12-fp8, say);
+    B's requests then name its own."""
     from ..measure.verbs import run
 
     logs.mkdir(parents=True, exist_ok=True)
@@ -101,19 +104,21 @@ def side_by_side(cuda_graphs: bool, port: int, envs: list[dict], num_blocks: int
                   + (f", engine {engine}" if engine else ""), flush=True)
             env = {**env, "PYTHONPATH": engine_path(engine)} if engine else env
             procs += start_serving(model_dir, tp, port + n, env, logs / f"server-{arm}", cuda_graphs, num_blocks,
-                                   device, rdzv_port=29600 + n)
+                                   device, rdzv_port=29600 + n, model_name=models[n])
         a_url, b_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
-        rc = run("ab", ["--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12, *ab_args])
+        names = ["--model", model_dir or models[0]]
+        names += ["--b-model", models[1]] if not model_dir and models[1] != models[0] else []
+        rc = run("ab", ["--url", a_url, "--b-url", b_url, *names, *ab_args])
         if score is not None:  # teacher forcing through both servers: B against A, A batched against A
             score.mkdir(parents=True, exist_ok=True)
             print("greedy replies of the exactness prompts, B against A (a difference is a finding, not a "
                   "failure):", flush=True)
-            run("exact", ["--url", a_url, "--b-url", b_url, "--model", model_dir or AIR12,
+            run("exact", ["--url", a_url, "--b-url", b_url, *names,
                           "--max-tokens", "64", "--json", str(score / "greedy-b-vs-a.json")])
             for name, args in (("b-vs-a", ["--b-url", b_url]), ("a-together-vs-a-alone", ["--together"])):
                 print(f"teacher-forced |Δ logprob|, {name}:", flush=True)
-                rc = run("score", ["--url", a_url, *args, "--model", model_dir or AIR12,
-                                   "--json", str(score / f"{name}.json")]) or rc
+                b_names = names if name == "b-vs-a" else names[:2]
+                rc = run("score", ["--url", a_url, *args, *b_names, "--json", str(score / f"{name}.json")]) or rc
         return rc
 
     return with_servers(job)

@@ -22,21 +22,45 @@ from pathlib import Path
 from ..runtime import load_hooks
 
 AIR12 = "synthetic:air12"
+AIR12_FP8 = "synthetic:air12-fp8"
+AIR_FP8 = "synthetic:air-fp8"
+# What `serve` builds in memory: air12 (bf16, 54 GB); air12 quantized to FP8 (the same seeded
+# weights, 128 x 128 blocks: runtime/fp8.py); GLM-4.5-Air's full geometry in FP8, built a layer at
+# a time (about 108 GB). The FP8 ones are served with PB_FP8_WEIGHTS=1 (0810 computes them).
+MODELS = (AIR12, AIR12_FP8, AIR_FP8)
+
+
+def build_model(name: str, seed: int = 0):
+    """One of MODELS on the GPU, from its seed."""
+    from ..runtime import fp8
+    from ..runtime.synth import build_air12, build_air_fp8
+
+    if name not in MODELS:
+        raise ValueError(f"{name}: not one of {', '.join(MODELS)}")
+    if name == AIR_FP8:
+        return build_air_fp8("cuda", seed=seed)
+    model = build_air12("cuda", seed=seed)
+    if name == AIR12_FP8:
+        fp8.convert_model(model)
+    return model
 
 
 def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.0.1", compile: bool = False,
-                num_blocks: int | None = None):
-    """Start the engine's server in this process with air12 registered; returns the Serve object."""
+                num_blocks: int | None = None, model_name: str = AIR12):
+    """Start the engine's server in this process with `model_name` (one of MODELS, air12 unless
+    said) registered under that name; returns the Serve object."""
     import torch
     from transformers.cli.serve import Serve
     from transformers.cli.serving.model_manager import TimedModel
 
-    from ..runtime.synth import build_air12, padded_tokenizer
+    from ..runtime.synth import padded_tokenizer
 
+    if model_name != AIR12 and os.environ.get("PB_FP8_WEIGHTS", "0") in ("", "0"):
+        raise SystemExit(f"{model_name} is served with PB_FP8_WEIGHTS=1: its products are 0810's")
     # Upstream's batching logger says which CUDA-graph paths it chose; keep that in the log.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.INFO)
     t0 = time.monotonic()
-    model = build_air12("cuda", seed=seed)
+    model = build_model(model_name, seed)
     tokenizer = padded_tokenizer(model.config.vocab_size)
     # The load sequence a checkpoint would pass through: 0220 picks the experts implementation,
     # 0280-0390 swap modeling forwards, 0310 fuses weights, 0450 compiles, each when its knob is on.
@@ -47,23 +71,24 @@ def serve_air12(port: int, cuda_graphs: bool, seed: int = 0, host: str = "127.0.
             model.set_experts_implementation(chosen)
         load.after(model)
     torch.cuda.synchronize()
-    print(f"air12 built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
-          f"experts={model.config._experts_implementation}, attn={model.config._attn_implementation}", flush=True)
+    print(f"{model_name} built on {torch.cuda.get_device_name()} in {time.monotonic() - t0:.1f}s, "
+          f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB, experts={model.config._experts_implementation}, "
+          f"attn={model.config._attn_implementation}", flush=True)
     # --compile reaches only upstream's sequential path (static cache + torch.compile), not its batching.
     serve = Serve(force_model=None, continuous_batching=not compile, cb_use_cuda_graph=cuda_graphs or None,
                   compile=compile, host=host, port=port, device="cuda", log_level="info", non_blocking=True,
                   cb_num_blocks=num_blocks)
     manager = serve._model_manager
     manager.model_timeout = -1
-    manager.loaded_models[f"{AIR12}@main"] = TimedModel(model, timeout_seconds=-1, processor=tokenizer)
-    manager.force_model = AIR12
+    manager.loaded_models[f"{model_name}@main"] = TimedModel(model, timeout_seconds=-1, processor=tokenizer)
+    manager.force_model = model_name
     return serve
 
 
 def serve_forever(port: int, cuda_graphs: bool, seed: int = 0, compile: bool = False,
-                  num_blocks: int | None = None) -> int:
-    """`serve`: air12 in this process until SIGTERM or an interrupt."""
-    serve = serve_air12(port, cuda_graphs, seed, compile=compile, num_blocks=num_blocks)
+                  num_blocks: int | None = None, model_name: str = AIR12) -> int:
+    """`serve`: `model_name` (air12 unless said) in this process until SIGTERM or an interrupt."""
+    serve = serve_air12(port, cuda_graphs, seed, compile=compile, num_blocks=num_blocks, model_name=model_name)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -86,16 +111,16 @@ def profiled(cmd: list[str], profile_dir: Path | None) -> list[str]:
 
 def start_server(cuda_graphs: bool, port: int, log: Path, env: dict | None = None, compile: bool = False,
                  ready_timeout: float = 900.0, num_blocks: int | None = None,
-                 profile_dir: Path | None = None) -> subprocess.Popen:
+                 profile_dir: Path | None = None, model_name: str = AIR12) -> subprocess.Popen:
     """`serve` in its own process (the load generator must not share its interpreter), returned
     once it has streamed a token; RuntimeError with the log's tail when it exits or never gets there."""
-    cmd = [sys.executable, "-m", "patchbay.device", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "patchbay.device", "serve", "--port", str(port), "--model", model_name]
     cmd += (["--cuda-graphs"] if cuda_graphs else []) + (["--compile"] if compile else [])
     cmd += ["--num-blocks", str(num_blocks)] if num_blocks else []
     cmd = profiled(cmd, profile_dir)
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    seconds = wait_ready([proc], [log], f"http://127.0.0.1:{port}", AIR12, ready_timeout)
+    seconds = wait_ready([proc], [log], f"http://127.0.0.1:{port}", model_name, ready_timeout)
     print(f"ready in {seconds:.0f}s (cuda graphs {'on' if cuda_graphs else 'off'}"
           f"{', compile, no batching' if compile else ''})", flush=True)
     return proc
@@ -169,14 +194,14 @@ def engine_path(site: str) -> str:
 
 def start_serving(model_dir: str | None, tp: int, port: int, env: dict, logs: Path, cuda_graphs: bool,
                   num_blocks: int, device: str = "cuda", rdzv_port: int = 29600,
-                  profile_dir: Path | None = None) -> list:
-    """air12 built in memory as one process (no `model_dir`; its log is logs.log), or `model_dir`
-    as `tp` ranks (their logs in logs/). With `profile_dir`, rank r runs under
-    served_profile's profiler with its windows in profile_dir/rank{r}."""
+                  profile_dir: Path | None = None, model_name: str = AIR12) -> list:
+    """`model_name` (air12 unless said) built in memory as one process (no `model_dir`; its log is
+    logs.log), or `model_dir` as `tp` ranks (their logs in logs/). With `profile_dir`, rank r runs
+    under served_profile's profiler with its windows in profile_dir/rank{r}."""
     if model_dir is None:
         base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
         return [start_server(cuda_graphs, port, logs.with_suffix(".log"), {**base, **env}, num_blocks=num_blocks,
-                             profile_dir=profile_dir / "rank0" if profile_dir else None)]
+                             profile_dir=profile_dir / "rank0" if profile_dir else None, model_name=model_name)]
     args = f"--cb-num-blocks {num_blocks}" + (" --cb-use-cuda-graph" if cuda_graphs else "")
     return start_ranks(model_dir, tp, port, env, logs, device=device, engine_args=args, rdzv_port=rdzv_port,
                        profile_dir=profile_dir)

@@ -37,9 +37,13 @@ class AgentPlan:
     timeout: float = 600.0
     time_limit: float = 3600.0
     b_url: str | None = None
+    b_model: str | None = None  # with b_url: the id B serves when it is another checkpoint of the model
 
     def url_of(self, arm: str) -> str:
         return self.b_url if arm == "B" and self.b_url else self.url
+
+    def model_of(self, arm: str) -> str:
+        return self.b_model if arm == "B" and self.b_model else self.model
 
     def runnable(self) -> list[str]:
         return [m for m in self.modes if m not in self.fitted.skipped]
@@ -111,7 +115,7 @@ def check_modes(plan: AgentPlan) -> str | None:
         plan.conversations[plan.levels[0]][0][0]
     for arm in plan.arms:
         for mode in plan.runnable():
-            body = agent.body(mode, plan.model, probe.messages(), 1, 0, plan.arms[arm], plan.fitted.tools)
+            body = agent.body(mode, plan.model_of(arm), probe.messages(), 1, 0, plan.arms[arm], plan.fitted.tools)
             seen = bench.probe_request(plan.url_of(arm), body, plan.timeout, f"arm {arm}, mode {mode}",
                                        f"arm {arm} (pb_knobs {plan.arms[arm]}), mode {mode}",
                                        "; drop the mode from --modes")
@@ -141,7 +145,7 @@ def requests_of(plan: AgentPlan, level: int, mode: str) -> int:
 def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: str, s: int, epoch: float,
                tick) -> list[dict]:
     """Stream s of a pass: its requests one after another."""
-    knobs = plan.arms[arm]
+    knobs, model = plan.arms[arm], plan.model_of(arm)
     out = []
     if mode == "conversation":
         first, later = plan.conversations[level][s]
@@ -149,7 +153,7 @@ def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: st
         messages = [{"role": "system", "content": session}, first.messages()[-1]]
         for turn in range(plan.fitted.turns):
             seed = agent.request_seed(plan.seed, rep, level, mode, s, turn)
-            rec = bench.run_request(client, plan, agent.body(mode, plan.model, messages, plan.max_tokens, seed, knobs),
+            rec = bench.run_request(client, plan, agent.body(mode, model, messages, plan.max_tokens, seed, knobs),
                                     epoch, arm, keep_reply=True)
             reply = rec.pop("reply", None)
             rec.update(stream=s, turn=turn, prompt=first.id)
@@ -167,7 +171,7 @@ def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: st
         session = agent.session_line(plan.seed, rep, level, mode, s, arm)
         messages = [{"role": "system", "content": session}, prompt.messages()[-1]]
         for send in range(plan.fitted.turns):
-            rec = bench.run_request(client, plan, agent.body(mode, plan.model, messages, plan.max_tokens, 0, knobs),
+            rec = bench.run_request(client, plan, agent.body(mode, model, messages, plan.max_tokens, 0, knobs),
                                     epoch, arm)
             rec.update(stream=s, turn=send, prompt=prompt.id)
             out.append(rec)
@@ -179,7 +183,7 @@ def run_stream(client, plan: AgentPlan, rep: int, level: int, mode: str, arm: st
         session = agent.session_line(plan.seed, rep, level, mode, s, r, arm)
         messages = [{"role": "system", "content": session}, prompt.messages()[-1]]
         seed = agent.request_seed(plan.seed, rep, level, s, r)
-        rec = bench.run_request(client, plan, agent.body(mode, plan.model, messages, plan.max_tokens, seed, knobs,
+        rec = bench.run_request(client, plan, agent.body(mode, model, messages, plan.max_tokens, seed, knobs,
                                                          plan.fitted.tools), epoch, arm)
         rec.update(stream=s, turn=r, prompt=prompt.id)
         out.append(rec)
@@ -274,7 +278,8 @@ def execute(plan: AgentPlan, server: dict, window=None, command: str = "", progr
                           for level, streams in plan.prompts.items()},
               **(extra or {})}
     if plan.b_url:
-        config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"), "knobs_hash": server.get("b_knobs_hash")}
+        config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"),
+                              "knobs_hash": server.get("b_knobs_hash"), "model": plan.model_of("B")}
     if restarts:
         config["restarts"] = restarts
     if window:
@@ -305,14 +310,13 @@ def from_args(args, arms: dict, url: str, b_url: str | None, levels: list[int], 
         say(line)
     for mode, why in fitted.skipped.items():
         say(f"mode {mode} skipped: {why}")
+    b_model = getattr(args, "b_model", None)
     if b_url:
-        other = bench.server_info(b_url, server["model"])
-        bench.check_same_model(server, other)
-        server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
+        bench.b_server(b_url, server, b_model)
     plan = AgentPlan(url=url, model=server["model"], arms=arms, levels=levels, modes=s["modes"], reps=args.reps,
                      warmup=args.warmup, max_tokens=s["max_tokens"], requests=s["requests"], fitted=fitted,
                      prompts=ready["prompts"], conversations=ready["conversations"], seed=args.seed,
-                     timeout=args.timeout, time_limit=args.time_limit, b_url=b_url)
+                     timeout=args.timeout, time_limit=args.time_limit, b_url=b_url, b_model=b_model)
     if not plan.runnable():
         raise BenchError("no mode left to run: " + "; ".join(f"{m}: {w}" for m, w in fitted.skipped.items()), 2)
     server["build"] = check_modes(plan) or server["build"]

@@ -49,11 +49,15 @@ class Plan:
     time_limit: float = 3600.0  # whole run: no new pass starts after this many seconds
     suites: list = field(default_factory=list)
     b_url: str | None = None  # arm B served by another server (same model), else by `url`
+    b_model: str | None = None  # with b_url: the id B serves when it is another checkpoint of the model
     cold: bool = False  # every request's first message starts with its own line: no cached prefix
     distinct_copies: bool = False  # a prompt's copies after the first open with "Copy N." (other requests)
 
     def url_of(self, arm: str) -> str:
         return self.b_url if arm == "B" and self.b_url else self.url
+
+    def model_of(self, arm: str) -> str:
+        return self.b_model if arm == "B" and self.b_model else self.model
 
 
 def parse_value(raw: str):
@@ -119,8 +123,9 @@ def request_body(plan: Plan, prompt: Prompt, arm: str, max_tokens: int | None = 
         messages = with_first_line(messages, f"Request {next(COLD_REQUESTS)}-{uuid.uuid4().hex[:8]}.\n\n")
     # include_usage: a server in OpenAI's stream shape (PB_OPENAI_SHAPES) sends usage only when asked;
     # upstream ignores the field.
-    body = {"model": plan.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-            "temperature": 0, "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
+    body = {"model": plan.model_of(arm), "messages": messages, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0,
+            "max_tokens": max_tokens or plan.max_tokens or prompt.max_tokens}
     if prompt.tools:
         body["tools"] = prompt.tools
     if plan.arms[arm]:
@@ -270,6 +275,19 @@ def run(plan: Plan, sink, progress=None, switch=None) -> bool:
 
 
 # ---- before the run: what the server is, whether it takes both arms, fitting the prompts -------
+
+
+def b_server(b_url: str, server: dict, b_model: str | None) -> dict:
+    """Arm B's server (--b-url): it must serve arm A's model (check_same_model), or, with `b_model`,
+    list that id (another checkpoint of the model, such as its FP8 copy). Its build and knobs hash
+    go into `server`."""
+    other = server_info(b_url, b_model or server["model"])
+    if b_model is None:
+        check_same_model(server, other)
+    elif other["listed"] and b_model not in other["listed"]:
+        raise BenchError(f"--b-url serves {', '.join(other['listed'])}, not --b-model {b_model}", 2)
+    server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
+    return other
 
 
 def check_same_model(server: dict, other: dict) -> None:
@@ -425,7 +443,8 @@ def execute(plan: Plan, server: dict, window=None, command: str = "", progress=N
               "distinct_copies": plan.distinct_copies,
               "prompts": [{"id": p.id, "suite": p.suite, "body_words": p.words()} for p in plan.prompts]}
     if plan.b_url:  # arm B on its own server
-        config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"), "knobs_hash": server.get("b_knobs_hash")}
+        config["b_server"] = {"url": plan.b_url, "build": server.get("b_build"),
+                              "knobs_hash": server.get("b_knobs_hash"), "model": plan.model_of("B")}
     if restarts:
         config["restarts"] = restarts  # arm -> the server configuration it was restarted with
     if window:

@@ -219,6 +219,8 @@ def cmd_ab(args) -> int:
         if args.b_url and restart:
             raise bench.BenchError("--b-url names B's server; --a-config/--b-config start their own", 2)
         b_url = args.b_url.rstrip("/") if args.b_url else None
+        if args.b_model and not b_url:
+            raise bench.BenchError("--b-model names what --b-url serves: give --b-url", 2)
         if args.workload == "agent":
             result, window = agent_run.from_args(args, arms, url, b_url, levels, results_dir, invocation(), restart,
                                                  None if args.quiet else bench.Progress(),
@@ -231,14 +233,12 @@ def cmd_ab(args) -> int:
         server, chosen = bench.prepare(url, args.model, suites, args.max_prompt_tokens, cold=args.cold,
                                         distinct_copies=args.distinct_copies)
         if b_url:
-            other = bench.server_info(b_url, server["model"])
-            bench.check_same_model(server, other)
-            server.update(b_build=other["build"], b_knobs_hash=other["knobs_hash"])
+            bench.b_server(b_url, server, args.b_model)
         plan = bench.Plan(url=url, model=server["model"], arms=arms, prompts=chosen, levels=levels,
                           reps=args.reps, warmup=args.warmup, max_tokens=args.max_tokens, seed=args.seed,
                           timeout=args.timeout, time_limit=args.time_limit,
                           suites=sorted({p.suite for p in chosen}, key=[p.suite for p in chosen].index),
-                          b_url=b_url, cold=args.cold, distinct_copies=args.distinct_copies)
+                          b_url=b_url, b_model=args.b_model, cold=args.cold, distinct_copies=args.distinct_copies)
         server["build"] = bench.check_arms(plan) or server["build"]
         window = windows.create(results_dir, args.window) if args.window else None
         result = bench.execute(plan, server, window, invocation(),
@@ -466,6 +466,8 @@ def add_verbs(verb) -> None:
     ab.add_argument("--b-url", metavar="URL", help="arm B is this other server (the same model), for settings "
                     "read at start; passes still alternate A B A B")
     ab.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    ab.add_argument("--b-model", help="with --b-url: the model id B serves, when it is another checkpoint of A's "
+                    "model (its FP8 copy, say); default: A's")
     ab.add_argument("--knob", action="append", metavar="PB_X=A,B",
                     help="arm A sends PB_X=A, arm B PB_X=B in pb_knobs (repeatable)")
     ab.add_argument("--a-json", metavar="JSON", help="arm A's whole pb_knobs object, e.g. '{}'")

@@ -39,18 +39,27 @@ SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 
 
 def quantize(weight: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 2-D weight as e4m3 values and one float32 scale per block: each block's largest
-    magnitude maps to e4m3's largest finite value (448), an all-zero block gets scale 1."""
-    rows, cols = weight.shape
+    """A weight (..., rows, cols) as e4m3 values and one float32 scale per block of its last two
+    dimensions: each block's largest magnitude maps to e4m3's largest finite value (448), an
+    all-zero block gets scale 1. Stacks (experts) go a few matrices at a time, so the float32
+    working copy stays small next to the weight."""
+    stack = weight.reshape(-1, *weight.shape[-2:])
+    parts = [_quantize_stack(part, block) for part in stack.split(8)]
+    q, scale = torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+    return q.view(weight.shape), scale.view(*weight.shape[:-2], *scale.shape[-2:])
+
+
+def _quantize_stack(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    n, rows, cols = weight.shape
     br, bc = block
     grid = (-(-rows // br), -(-cols // bc))
-    padded = torch.zeros(grid[0] * br, grid[1] * bc, dtype=torch.float32)
-    padded[:rows, :cols] = weight.to(torch.float32)
-    blocks = padded.view(grid[0], br, grid[1], bc)
-    amax = blocks.abs().amax(dim=(1, 3))
+    padded = torch.zeros(n, grid[0] * br, grid[1] * bc, dtype=torch.float32, device=weight.device)
+    padded[:, :rows, :cols] = weight.to(torch.float32)
+    blocks = padded.view(n, grid[0], br, grid[1], bc)
+    amax = blocks.abs().amax(dim=(2, 4))
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.view(grid[0] * br, grid[1] * bc)[:rows, :cols].contiguous(), scale.contiguous()
+    q = (blocks / scale[:, :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(n, grid[0] * br, grid[1] * bc)[:, :rows, :cols].contiguous(), scale.contiguous()
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, block: tuple[int, int] = BLOCK
@@ -128,3 +137,59 @@ def write_dequantized(src: str | Path, out: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     _copy_side_files(src, out)
     return out
+
+
+def convert_layer(layer, config, block: tuple[int, int] = BLOCK, prefix: str = "model.layers.0") -> int:
+    """Decoder layer `layer` quantized in memory into upstream's FP8 modules, as loading its FP8
+    checkpoint builds them (every weight `QUANTIZED` names under `prefix`; the routed experts'
+    stacks [experts, 2 x inter, hidden] and [experts, hidden, inter] per expert matrix). The bf16
+    weights are dropped as each module is replaced. Needs the engine's transformers; returns how
+    many modules were replaced. Experts whose width is not a whole number of blocks are refused:
+    a checkpoint of them cannot be loaded either (gate and up are quantized apart, and their
+    fused scale grid would not line up)."""
+    from torch import nn
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8Experts, FP8Linear
+    from transformers.integrations.moe import use_experts_implementation
+
+    replaced = 0
+    for name, module in list(layer.named_modules()):
+        if not name:
+            continue
+        parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
+        child = name.rpartition(".")[2]
+        if type(module) is nn.Linear and QUANTIZED.match(f"{prefix}.{name}.weight"):
+            q, scale = quantize(module.weight.data, block)
+            with torch.device("meta"):
+                new = FP8Linear(module.in_features, module.out_features, block_size=list(block),
+                                has_bias=module.bias is not None)
+            new.weight = nn.Parameter(q, requires_grad=False)
+            new.weight_scale_inv = nn.Parameter(scale, requires_grad=False)
+            if module.bias is not None:
+                new.bias = nn.Parameter(module.bias.data, requires_grad=False)
+        elif child == "experts" and hasattr(module, "gate_up_proj") and hasattr(module, "down_proj"):
+            inter = module.down_proj.shape[-1]
+            if inter % block[0]:
+                raise ValueError(f"{prefix}.{name}: experts {inter} wide are not a whole number of {block[0]}-row "
+                                 "blocks; FP8 checkpoints of them do not load")
+            cls = use_experts_implementation(experts_class=FP8Experts, experts_interface=ALL_FP8_EXPERTS_FUNCTIONS,
+                                             has_bias=False, has_gate=True)
+            with torch.device("meta"):
+                new = cls(config=config, block_size=list(block))
+            for weight in ("gate_up_proj", "down_proj"):
+                q, scale = quantize(getattr(module, weight).data, block)
+                setattr(new, weight, nn.Parameter(q, requires_grad=False))
+                setattr(new, f"{weight}_scale_inv", nn.Parameter(scale, requires_grad=False))
+        else:
+            continue
+        setattr(parent, child, new)
+        del module
+        replaced += 1
+    return replaced
+
+
+def convert_model(model, block: tuple[int, int] = BLOCK) -> int:
+    """Every decoder layer of glm4_moe `model` quantized in memory (convert_layer); the model is then
+    what loading its FP8 checkpoint gives. Returns how many modules were replaced."""
+    return sum(convert_layer(layer, model.config, block, f"model.layers.{i}")
+               for i, layer in enumerate(model.model.layers))
+
