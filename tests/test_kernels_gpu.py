@@ -442,3 +442,56 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
             assert torch.equal(graphed[0], alone[0])
         finally:
             moe_one_path.restore()
+
+
+@pytest.mark.parametrize("name", ["k_proj", "o_proj", "dense down"])
+def test_fp8_gemm_gives_the_twins_bits_at_every_row_count(name):
+    """0810: 0380's GEMM on float8 weights with 128 x 128 block scales (Air's k_proj, o_proj and
+    the dense MLP's down, 85.5 blocks deep) gives the bits of the same GEMM on the dequantized
+    twin at 1 ... 8192 rows and inside a CUDA graph, and a row the same bits among any rows."""
+    from transformers._pb.ops import invariant_gemm
+
+    from patchbay.device.gpu_fp8 import DENSE, _grid_index
+    from patchbay.runtime import fp8
+
+    n, k = DENSE[name]
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    q, grid = fp8.quantize((torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16())
+    twin = fp8.dequantize(q, grid, torch.bfloat16)
+    scales = (grid, *_grid_index(n, k, fp8.BLOCK, "cuda"))
+    x = torch.randn((8192, k), generator=gen, device="cuda").bfloat16()
+    alone = invariant_gemm.gemm(x[:1], q.t(), scales=scales)
+    for rows in (1, 2, 31, 64, 65, 300, 8192):
+        got = invariant_gemm.gemm(x[:rows], q.t(), scales=scales)
+        assert torch.equal(got, invariant_gemm.gemm(x[:rows], twin.t())), rows
+        assert torch.equal(got[0], alone[0]), rows
+    assert torch.equal(in_graph(lambda: invariant_gemm.gemm(x[:32], q.t(), scales=scales)),
+                       invariant_gemm.gemm(x[:32], twin.t()))
+
+
+def test_fp8_experts_give_the_twins_bits_in_steps_of_every_size():
+    """0810: 0220's kernels on Air's routed experts in float8 give the twin's bits for steps of 1 to
+    8,192 tokens (0390's large-step path included) and inside a CUDA graph, a token the same bits
+    in steps of every size."""
+    from transformers._pb.ops import fused_moe, moe_one_path
+
+    from patchbay.device.gpu_fp8 import _experts
+    from patchbay.runtime.synth import air12_config
+
+    module, quantized, twin = _experts(air12_config())
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8192, HIDDEN, generator=gen, device="cuda").bfloat16()
+    index = torch.rand(8192, 128, generator=gen, device="cuda").topk(8, dim=1).indices
+    weights = torch.rand(8192, 8, generator=gen, device="cuda")
+    moe_one_path.ENABLED = True
+    try:
+        with torch.no_grad():
+            alone = fused_moe.experts_forward(quantized, x[:1], index[:1], weights[:1])
+            for tokens in (1, 2, 32, 64, 65, 512, 8192):
+                got = fused_moe.experts_forward(quantized, x[:tokens], index[:tokens], weights[:tokens])
+                assert torch.equal(got, fused_moe.experts_forward(twin, x[:tokens], index[:tokens], weights[:tokens])), tokens
+                assert torch.equal(got[0], alone[0]), tokens
+            graphed = in_graph(lambda: fused_moe.experts_forward(quantized, x[:32], index[:32], weights[:32]))
+            assert torch.equal(graphed, fused_moe.experts_forward(twin, x[:32], index[:32], weights[:32]))
+    finally:
+        moe_one_path.restore()

@@ -3,7 +3,7 @@
 There they run through scripts/gpu-run.sh; `wheels` and `profile window` run here.
 
     serve, ab, exact, agent, served-profile, wheels   this parser's verbs
-    moe, invariance, profile, profiled, memfit, sweep, sampler  each parses its own flags (its module's main)
+    moe, invariance, profile, profiled, memfit, sweep, sampler, fp8  each parses its own flags (its module's main)
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ def _sampler(argv: list[str]) -> int:
     return main(argv)
 
 
+def _fp8(argv: list[str]) -> int:
+    from .gpu_fp8 import main
+
+    return main(argv)
+
+
 def _sweep(argv: list[str]) -> int:
     from .sweep import main
 
@@ -71,6 +77,8 @@ OWN_FLAGS = {
     "profiled": (_profiled, "OUT_DIR -- MODULE ARGS: run `python -m MODULE` under the served-profile profiler"),
     "memfit": (_memfit, "OUT: a full KV pool of cold prompts at once against one server, GPU memory sampled"),
     "sampler": (_sampler, "OUT: 0100's row-by-row sampler against 0630's batched one, per step, alone vs batched"),
+    "fp8": (_fp8, "0810's FP8 products at Air's shapes against their bf16 twin, graphed, timed, bits checked "
+                  "(`fp8 table FILE`: its table)"),
     "sweep": (_sweep, "gemm|moe OUT: the engine's kernels' launch tiles, bits checked, timed"),
 }
 
@@ -107,7 +115,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--a-tp", type=int, default=1)
     b.add_argument("--b-tp", type=int, default=1)
     b.add_argument("--a-model", default="synthetic:air12", choices=MODELS,
-                   help="with --a-env/--b-env and no --model-dir: what arm A builds in memory (default: %(default)s)")
+                   help="what arm A builds in memory (no --model-dir; without --a-env/--b-env the one server's "
+                   "model, served with this process's PB_* variables; default: %(default)s)")
     b.add_argument("--b-model", default="synthetic:air12", choices=MODELS,
                    help="the same for arm B (synthetic:air12-fp8 against A's air12: FP8 weights paired with bf16)")
     b.add_argument("--score", metavar="DIR", help="with --a-env/--b-env: then teacher-forced |Δ logprob| through "
@@ -164,7 +173,7 @@ def main(argv: list[str]) -> int:
     if args.verb == "ab":
         from ..measure.verbs import run
         from .gpu import checkpoint_ab, parse_env, side_by_side
-        from .servers import AIR12, with_server
+        from .servers import with_server
 
         ab_args = [a for a in args.ab_args if a != "--"]
         if args.a_env is not None or args.b_env is not None:
@@ -180,9 +189,10 @@ def main(argv: list[str]) -> int:
         if args.model_dir:  # one server of the checkpoint; ab's arms are per-request knobs (or --b-url)
             return checkpoint_ab(args.model_dir, args.a_tp, args.port, args.cuda_graphs, args.num_blocks or 192,
                                  Path(args.logs), ab_args)
+        # one server of --a-model with this process's PB_* variables (ab's arms: per-request knobs)
         return with_server(args.cuda_graphs, args.port,
-                           lambda url: run("ab", ["--url", url, "--model", AIR12, *ab_args]),
-                           compile=args.compile, num_blocks=args.num_blocks)
+                           lambda url: run("ab", ["--url", url, "--model", args.a_model, *ab_args]),
+                           compile=args.compile, num_blocks=args.num_blocks, model_name=args.a_model)
     if args.verb == "exact":
         from .gpu import exact_job
 

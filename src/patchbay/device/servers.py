@@ -223,12 +223,14 @@ def with_servers(job) -> int:
 
 
 def with_server(cuda_graphs: bool, port: int, job, ready_timeout: float = 900.0, log: Path | None = None,
-                env: dict | None = None, compile: bool = False, num_blocks: int | None = None) -> int:
-    """Start `serve` (a KV pool of `num_blocks` pages, or upstream's from the memory left), run
-    job(url), stop the server. Returns job's exit code."""
+                env: dict | None = None, compile: bool = False, num_blocks: int | None = None,
+                model_name: str = AIR12) -> int:
+    """Start `serve` of `model_name` (a KV pool of `num_blocks` pages, or upstream's from the memory
+    left), run job(url), stop the server. Returns job's exit code."""
     log = log or Path(f"/tmp/pb-air12-{port}.log")
     try:
-        proc = start_server(cuda_graphs, port, log, env, compile, ready_timeout, num_blocks=num_blocks)
+        proc = start_server(cuda_graphs, port, log, env, compile, ready_timeout, num_blocks=num_blocks,
+                            model_name=model_name)
     except RuntimeError as e:
         print(e, flush=True)
         return 1
