@@ -238,12 +238,12 @@ def test_quantized_in_memory_is_the_checkpoint_loaded(patched_engine, trained_mo
 BUILD_CODE = """
 import json, torch
 from transformers._pb import load
-from patchbay.runtime import synth
+from patchbay.runtime import fp8, synth
 config = synth.tiny_config(synth.VOCAB_SIZE)
 config.update(dict(hidden_size=256, num_attention_heads=4, head_dim=64, intermediate_size=320,
                    moe_intermediate_size=128, num_hidden_layers=3))
 load.before({})
-models = [synth.build_air_fp8("cpu", seed, config) for seed in (0, 0, 1)]
+models = [fp8.build_air_fp8("cpu", seed, config) for seed in (0, 0, 1)]
 for m in models:
     load.after(m)
 states = [m.state_dict() for m in models]

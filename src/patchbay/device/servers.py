@@ -33,12 +33,12 @@ MODELS = (AIR12, AIR12_FP8, AIR_FP8)
 def build_model(name: str, seed: int = 0):
     """One of MODELS on the GPU, from its seed."""
     from ..runtime import fp8
-    from ..runtime.synth import build_air12, build_air_fp8
+    from ..runtime.synth import build_air12
 
     if name not in MODELS:
         raise ValueError(f"{name}: not one of {', '.join(MODELS)}")
     if name == AIR_FP8:
-        return build_air_fp8("cuda", seed=seed)
+        return fp8.build_air_fp8("cuda", seed=seed)
     model = build_air12("cuda", seed=seed)
     if name == AIR12_FP8:
         fp8.convert_model(model)

@@ -287,44 +287,6 @@ def build_air12(device: str | torch.device = "cuda", seed: int = 0, config: Glm4
     return model.eval()
 
 
-def build_air_fp8(device: str | torch.device = "cuda", seed: int = 0, config: Glm4MoeConfig | None = None
-                  ) -> Glm4MoeForCausalLM:
-    """GLM-4.5-Air's full geometry (46 layers, about 106 B parameters) in FP8, built on `device` one
-    decoder layer at a time: each layer is made in bf16 from its own seed (seed, then its index),
-    initialised as the model initialises its weights, and quantized at once (fp8.convert_layer),
-    so the bf16 model (212 GB) never exists; the embeddings, final norm and head stay bf16. About
-    108 GB on an H200. Needs the engine's transformers (upstream's FP8 modules). `config`
-    overrides the shapes (tests)."""
-    import copy
-
-    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
-
-    from . import fp8
-
-    config = config or air_config(46)
-    shell = copy.deepcopy(config)
-    shell.num_hidden_layers = 0
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Glm4MoeForCausalLM._from_config(shell, dtype=torch.bfloat16)
-    model.config.num_hidden_layers = config.num_hidden_layers
-    default = torch.get_default_dtype()
-    try:
-        for i in range(config.num_hidden_layers):
-            torch.manual_seed(seed * 100_003 + 1 + i)
-            torch.set_default_dtype(torch.bfloat16)
-            with torch.device(device):
-                layer = Glm4MoeDecoderLayer(model.config, i)
-            torch.set_default_dtype(default)
-            for module in layer.modules():
-                model._init_weights(module)
-            fp8.convert_layer(layer, model.config, prefix=f"model.layers.{i}")
-            model.model.layers.append(layer)
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
-
-
 def spread_layers(model) -> list[str]:
     """Move the decoder layers of a model built on one GPU over every visible GPU, in equal runs
     (the embedding, final norm and head stay). Upstream's save_pretrained first makes a
