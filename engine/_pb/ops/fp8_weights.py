@@ -19,7 +19,9 @@ Where the series' kernels run (a GPU, or Triton's interpreter in the tests), the
 float8 weights and expand each tile in registers before the same dots, in the same order, as
 their bf16 launch makes: the linears through 0380's GEMM (PB_INVARIANT_GEMM), the experts
 through 0220's kernels (PB_FUSED_MOE's `pb_triton`, 0390's large steps included); a step
-therefore reads one byte a weight, and the sums are those of the twin under the same knobs.
+therefore reads one byte a weight. Under Triton's interpreter the sums are the twin's under the
+same knobs; on an H200 the tensor cores round a tile built in registers otherwise than one loaded
+from memory at decode sizes, so there they are near the twin's, not equal (W52), and slower.
 Elsewhere each call expands the weights it uses and runs the bf16 product of the same name
 (F.linear; upstream's `grouped_mm` and `batched_mm`, or 0220's fallback): the reference,
 correct on any device and slow on a GPU.
