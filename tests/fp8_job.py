@@ -53,14 +53,12 @@ if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a tensor-parallel 
     split = {"distributed_config": DistributedConfig(tp_size=int(os.environ["WORLD_SIZE"]))}
 kwargs = load.before(dict(split))
 try:
+    model = AutoModelForCausalLM.from_pretrained(fp8_dir.removeprefix("convert:"), attn_implementation="sdpa",
+                                                 **kwargs).eval()
     if fp8_dir.startswith("convert:"):  # a plain checkpoint quantized in memory (patchbay.runtime.fp8)
         from patchbay.runtime import fp8
 
-        model = AutoModelForCausalLM.from_pretrained(fp8_dir.removeprefix("convert:"), attn_implementation="sdpa",
-                                                     **kwargs).eval()
         fp8.convert_model(model)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(fp8_dir, attn_implementation="sdpa", **kwargs).eval()
 except Exception as error:  # upstream's load-time dequantization refuses ragged blocks
     print(json.dumps({"load_error": f"{type(error).__name__}: {error}", "report": "\n".join(report)}))
     sys.exit(0)

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from .gpu_moe import HBM_BYTES_S, _time
+from .gpu_moe import HBM_BYTES_S, _time, table_verb
 
 # An H100 (SXM) reads at most 3.35 TB/s (its data sheet; the H200's figure is measured).
 H100_BYTES_S = 3.35e12
@@ -46,9 +46,6 @@ def hbm_bytes_s(device_name: str) -> float:
     return H100_BYTES_S if "H100" in device_name else HBM_BYTES_S
 
 
-BANDWIDTH = HBM_BYTES_S  # main sets it from the GPU it runs on
-
-
 def _dtype():
     import torch
 
@@ -61,7 +58,16 @@ def _grid_index(rows: int, cols: int, block: tuple[int, int], device):
     return tuple((torch.arange(n, device=device) // b).to(torch.int32) for n, b in ((rows, block[0]), (cols, block[1])))
 
 
-def dense_row(name: str, tokens: int, iters: int) -> dict:
+def _time_arms(row: dict, arms: dict, read_bytes: dict, iters: int, bandwidth: float) -> dict:
+    """Each arm's microseconds per replay of its CUDA graph, and the share of the roofline (its
+    `read_bytes` at `bandwidth`) that is, into `row`."""
+    for label, fn in arms.items():
+        seconds = _time(fn, iters, graphs=True)
+        row[label] = {"us": seconds * 1e6, "of_roofline": read_bytes[label] / bandwidth / seconds}
+    return row
+
+
+def dense_row(name: str, tokens: int, iters: int, bandwidth: float) -> dict:
     """One dense product at `tokens` rows: us per call and share of its roofline for the FP8
     kernel, the bf16 kernel on the twin and cuBLAS on the twin; whether FP8 == twin bitwise."""
     import torch
@@ -83,14 +89,11 @@ def dense_row(name: str, tokens: int, iters: int) -> dict:
     weight_bytes = {"fp8 kernel": n * k + grid.numel() * 4, "bf16 kernel": 2 * n * k, "cuBLAS bf16": 2 * n * k}
     row = {"product": name, "tokens": tokens,
            "equal": bool(torch.equal(arms["fp8 kernel"](), arms["bf16 kernel"]()))}
-    for label, fn in arms.items():
-        seconds = _time(fn, iters, graphs=True)
-        roofline = (weight_bytes[label] + 2 * tokens * (n + k)) / BANDWIDTH
-        row[label] = {"us": seconds * 1e6, "of_roofline": roofline / seconds}
-    return row
+    read = {label: size + 2 * tokens * (n + k) for label, size in weight_bytes.items()}  # weight, input, output
+    return _time_arms(row, arms, read, iters, bandwidth)
 
 
-def experts_row(tokens: int, iters: int, module, quantized: dict, twin) -> dict:
+def experts_row(tokens: int, iters: int, module, quantized: dict, twin, bandwidth: float) -> dict:
     """The routed experts (0220's kernels) at `tokens` tokens, FP8 against the twin, as dense_row."""
     import torch
     from transformers._pb.ops import fused_moe
@@ -107,12 +110,8 @@ def experts_row(tokens: int, iters: int, module, quantized: dict, twin) -> dict:
             "bf16 kernel": lambda: fused_moe.experts_forward(twin, x, index, weights)}
     row = {"product": "routed experts", "tokens": tokens, "experts_touched": touched,
            "equal": bool(torch.equal(arms["fp8 kernel"](), arms["bf16 kernel"]()))}
-    for label, fn in arms.items():
-        seconds = _time(fn, iters, graphs=True)
-        width = 1 if label.startswith("fp8") else 2
-        roofline = touched * per_expert * width / BANDWIDTH
-        row[label] = {"us": seconds * 1e6, "of_roofline": roofline / seconds}
-    return row
+    read = {"fp8 kernel": touched * per_expert, "bf16 kernel": 2 * touched * per_expert}
+    return _time_arms(row, arms, read, iters, bandwidth)
 
 
 def _experts(config):
@@ -157,25 +156,21 @@ def render(result: dict) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["table"]:
-        if len(argv) != 2:
-            raise SystemExit("usage: python -m patchbay.device fp8 table FP8_JSON")
-        sys.stdout.write(render(json.loads(Path(argv[1]).read_text())))
-        return 0
+        return table_verb(argv, "fp8", render)
     p = argparse.ArgumentParser(prog="python -m patchbay.device fp8")
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", default="1,8,32,256")
     p.add_argument("--iters", type=int, default=50)
     args = p.parse_args(argv)
     import torch
-    from transformers._pb.ops import fused_moe, moe_one_path
+    from transformers._pb.ops import moe_one_path
 
     from ..runtime.synth import air12_config
 
-    global BANDWIDTH
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
-    BANDWIDTH = hbm_bytes_s(name)
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
+    bandwidth = hbm_bytes_s(gpu)
     token_counts = [int(t) for t in args.tokens.split(",")]
     moe_one_path.ENABLED = True  # as the production set runs the experts
     rows = []
@@ -183,16 +178,15 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             for name in DENSE:
                 for tokens in token_counts:
-                    rows.append(dense_row(name, tokens, args.iters))
+                    rows.append(dense_row(name, tokens, args.iters, bandwidth))
                     print(json.dumps(rows[-1]), flush=True)
             module, quantized, twin = _experts(air12_config())
-            fused_moe.register()
             for tokens in token_counts:
-                rows.append(experts_row(tokens, args.iters, module, quantized, twin))
+                rows.append(experts_row(tokens, args.iters, module, quantized, twin, bandwidth))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         moe_one_path.restore()
-    result = {"device": name, "bytes_s": BANDWIDTH, "iters": args.iters, "rows": rows}
+    result = {"device": gpu, "bytes_s": bandwidth, "iters": args.iters, "rows": rows}
     (out / "fp8.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(render(result))
     sys.stdout.write(render(result))

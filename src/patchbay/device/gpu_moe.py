@@ -66,6 +66,14 @@ def _time(fn, iters: int, graphs: bool) -> float:
     return start.elapsed_time(end) / 1000 / iters
 
 
+def table_verb(argv: list[str], verb: str, render) -> int:
+    """`python -m patchbay.device VERB table FILE`: print a job's JSON result as render makes it."""
+    if len(argv) != 2:
+        raise SystemExit(f"usage: python -m patchbay.device {verb} table {verb.upper()}_JSON")
+    sys.stdout.write(render(json.loads(Path(argv[1]).read_text())))
+    return 0
+
+
 def render(result: dict) -> str:
     """moe.json as a Markdown table: microseconds per layer (and share of the roofline) for
     each implementation and tile shape, one column per token count."""
@@ -92,10 +100,7 @@ def render(result: dict) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["table"]:
-        if len(argv) != 2:
-            raise SystemExit("usage: python -m patchbay.device moe table MOE_JSON")
-        sys.stdout.write(render(json.loads(Path(argv[1]).read_text())))
-        return 0
+        return table_verb(argv, "moe", render)
     import torch
     from transformers._pb.ops import fused_moe
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts

@@ -20,7 +20,7 @@ from .bench import BenchError
 
 
 @dataclass(frozen=True)
-class AgentPlan:
+class AgentPlan(bench.ArmServers):
     url: str
     model: str
     arms: dict  # arm -> the pb_knobs it sends; one arm ("A") or two
@@ -38,12 +38,6 @@ class AgentPlan:
     time_limit: float = 3600.0
     b_url: str | None = None
     b_model: str | None = None  # with b_url: the id B serves when it is another checkpoint of the model
-
-    def url_of(self, arm: str) -> str:
-        return self.b_url if arm == "B" and self.b_url else self.url
-
-    def model_of(self, arm: str) -> str:
-        return self.b_model if arm == "B" and self.b_model else self.model
 
     def runnable(self) -> list[str]:
         return [m for m in self.modes if m not in self.fitted.skipped]

@@ -34,8 +34,19 @@ class BenchError(RuntimeError):
         self.code = code
 
 
+class ArmServers:
+    """Where a plan's arms send their requests: arm B to `b_url`, asking for `b_model`, when the
+    plan names them (another server, or another checkpoint of the model), else where A sends."""
+
+    def url_of(self, arm: str) -> str:
+        return self.b_url if arm == "B" and self.b_url else self.url
+
+    def model_of(self, arm: str) -> str:
+        return self.b_model if arm == "B" and self.b_model else self.model
+
+
 @dataclass(frozen=True)
-class Plan:
+class Plan(ArmServers):
     url: str
     model: str
     arms: dict  # "A" / "B" -> the pb_knobs dict that arm sends ({} sends none)
@@ -52,12 +63,6 @@ class Plan:
     b_model: str | None = None  # with b_url: the id B serves when it is another checkpoint of the model
     cold: bool = False  # every request's first message starts with its own line: no cached prefix
     distinct_copies: bool = False  # a prompt's copies after the first open with "Copy N." (other requests)
-
-    def url_of(self, arm: str) -> str:
-        return self.b_url if arm == "B" and self.b_url else self.url
-
-    def model_of(self, arm: str) -> str:
-        return self.b_model if arm == "B" and self.b_model else self.model
 
 
 def parse_value(raw: str):
