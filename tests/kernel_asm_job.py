@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from transformers._pb.ops import fused_moe, moe_one_path
+from transformers._pb.ops import fused_moe, invariant_gemm, moe_one_path
 from transformers._pb.ops.kernels import fused_moe as moe_kernels, invariant_gemm as gemm_kernels
 from transformers._pb.ops.kernels import varlen_attention as attention_kernels
 
@@ -40,53 +40,75 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps
 
 gate_up, down = moe_kernels.pb_moe_gate_up, moe_kernels.pb_moe_down
 MOE_INTS = ["n_pairs", "hidden", "inter", "stride_we", "stride_wn"]
-# 0810's scale arguments (unread unless W_FP8)
-SCALES = {"s_ptr": "*fp32", "s_n_ptr": "*i32", "s_k_ptr": "*i32", "stride_se": "i32", "stride_sn": "i32",
-          "stride_sk": "i32"}
 down_sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
             "weights_ptr": "*fp32", "n_pairs": "i32", "hidden": "i32", "inter": "i32", "stride_h": "i32",
-            "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", **SCALES, "BM": "constexpr", "BN": "constexpr",
-            "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr", "W_FP8": "constexpr"}
+            "stride_we": "i32", "stride_wn": "i32", "stride_y": "i32", "BM": "constexpr", "BN": "constexpr",
+            "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr"}
 gate_up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
                "n_pairs": "i32", "top_k": "i32", "hidden": "i32", "inter": "i32", "stride_x": "i32", "stride_we": "i32",
-               "stride_wn": "i32", "stride_h": "i32", **SCALES, "BM": "constexpr", "BN": "constexpr",
-               "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr", "W_FP8": "constexpr"}
+               "stride_wn": "i32", "stride_h": "i32", "BM": "constexpr", "BN": "constexpr",
+               "BK": "constexpr", "EVEN_K": "constexpr", "W_TMA": "constexpr"}
 report = {}
 # 0220's decode launch (16-row blocks) and 0390's large-step launch (128-row blocks), each kernel at
 # the tile the engine gives it
 for label, bm, gu_tiles, down_tiles in (("decode", fused_moe.BLOCK_M, *fused_moe.DECODE_TILES),
                                         ("large", moe_one_path.BLOCK_M, moe_one_path.GATE_UP_TILES,
                                          moe_one_path.DOWN_TILES)):
-    for fp8 in (False, True):  # 0810: float8 weights expanded in the tile
-        suffix = "_fp8" if fp8 else ""
-        weights = {"w_ptr": "*fp8e4nv"} if fp8 else {}
-        bn, bk, warps, stages = gu_tiles
-        report[f"moe_gate_up_{label}{suffix}"] = compile_for_sm90(
-            gate_up, {**gate_up_sig, **weights}, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False,
-                                                  "W_FP8": fp8},
-            pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
-        bn, bk, warps, stages = down_tiles
-        report[f"moe_down_{label}{suffix}"] = compile_for_sm90(
-            down, {**down_sig, **weights}, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False,
-                                            "W_FP8": fp8},
-            pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
+    bn, bk, warps, stages = gu_tiles
+    report[f"moe_gate_up_{label}"] = compile_for_sm90(
+        gate_up, gate_up_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
+        pointers(gate_up_sig) + MOE_INTS + ["stride_x", "stride_h"], warps, stages, (bm, bn))
+    bn, bk, warps, stages = down_tiles
+    report[f"moe_down_{label}"] = compile_for_sm90(
+        down, down_sig, {"BM": bm, "BN": bn, "BK": bk, "EVEN_K": True, "W_TMA": False},
+        pointers(down_sig) + MOE_INTS + ["stride_h", "stride_y"], warps, stages, (bm, bn))
 # 0380's GEMM, one chunk, a prompt's tile (its strides as F.linear lays out a weight: K contiguous)
 gemm_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
             "K": "i32", "CHUNK_K": "i32", "stride_am": "i32", "stride_ak": "constexpr", "stride_bk": "constexpr",
-            "stride_bn": "i32", "stride_om": "i32", "stride_on": "constexpr", "s_ptr": "*fp32", "s_n_ptr": "*i32",
-            "s_k_ptr": "*i32", "stride_sn": "i32", "stride_sk": "i32", "HAS_BIAS": "constexpr",
+            "stride_bn": "i32", "stride_om": "i32", "stride_on": "constexpr", "HAS_BIAS": "constexpr",
             "CHUNKED": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "GROUP_M": "constexpr", "PRECISION": "constexpr", "W_FP8": "constexpr"}
+            "GROUP_M": "constexpr", "PRECISION": "constexpr"}
 gemm_constants = {"stride_ak": 1, "stride_bk": 1, "stride_on": 1, "HAS_BIAS": False, "CHUNKED": False, "BLOCK_M": 128,
-                  "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee", "W_FP8": False}
+                  "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "PRECISION": "ieee"}
 gemm_aligned = pointers(gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_bn", "stride_om"]
 report["invariant_gemm_prompt"] = compile_for_sm90(gemm_kernels.pb_gemm, gemm_sig, gemm_constants, gemm_aligned, 8, 3,
                                                    (128, 128))
-# 0810: the decode tile (16 rows, one chunk) on float8 weights, and on bf16 beside it
-for fp8 in (False, True):
-    report["invariant_gemm_decode" + ("_fp8" if fp8 else "")] = compile_for_sm90(
-        gemm_kernels.pb_gemm, {**gemm_sig, "b_ptr": "*fp8e4nv" if fp8 else "*bf16"},
-        {**gemm_constants, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "W_FP8": fp8}, gemm_aligned, 4, 4, (16, 32))
+# 0810's float8 kernels at a decode step's and a prompt's launch (Air's blocks: 128 deep)
+fp8_gemm_sig = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "s_rows_ptr": "*i32", "bias_ptr": "*bf16",
+                "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "CHUNK_K": "i32", "k_offset": "i32",
+                "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_on": "constexpr",
+                "stride_sn": "i32", "stride_sk": "constexpr", "HAS_BIAS": "constexpr", "SPLIT": "constexpr",
+                "SCALE_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                "PRECISION": "constexpr"}
+fp8_moe_sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
+               "s_ptr": "*fp32", "s_rows_ptr": "*i32", "n_pairs": "i32", "top_k": "i32", "hidden": "i32",
+               "inter": "i32", "k_offset": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32",
+               "stride_h": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_sk": "constexpr",
+               "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr"}
+fp8_down_sig = {"h_ptr": "*bf16", "w_ptr": "*fp8e4nv", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
+                "weights_ptr": "*fp32", "s_ptr": "*fp32", "s_rows_ptr": "*i32", "n_pairs": "i32", "hidden": "i32",
+                "inter": "i32", "k_offset": "i32", "stride_h": "i32", "stride_we": "i32", "stride_wn": "i32",
+                "stride_y": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_sk": "constexpr",
+                "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr"}
+for label, rows in (("decode", 16), ("large", 128)):
+    tile = invariant_gemm.fp8_tiles(1 if label == "decode" else 8192)
+    report[f"fp8_gemm_{label}"] = compile_for_sm90(
+        gemm_kernels.pb_gemm_fp8, fp8_gemm_sig,
+        {"stride_on": 1, "stride_sk": 1, "HAS_BIAS": False, "SPLIT": False, "SCALE_K": 128, "BLOCK_M": tile.m,
+         "BLOCK_N": tile.n, "BLOCK_K": 128, "PRECISION": "ieee"},
+        pointers(fp8_gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_wn", "stride_om"], tile.warps, tile.stages,
+        (tile.n, tile.m))
+    warps, stages = (4, 4) if rows <= 16 else (8, 3)
+    width = 64 if rows <= 16 else 128  # fused_moe._fp8_products' launch
+    moe = {"SCALE_K": 128, "BM": rows, "BN": width, "BK": 128, "PRECISION": "ieee", "stride_sk": 1}
+    report[f"fp8_moe_gate_up_{label}"] = compile_for_sm90(
+        moe_kernels.pb_moe_gate_up_fp8, fp8_moe_sig, moe,
+        pointers(fp8_moe_sig) + ["hidden", "inter", "stride_x", "stride_we", "stride_wn", "stride_h"], warps, stages,
+        (width, rows))
+    report[f"fp8_moe_down_{label}"] = compile_for_sm90(
+        moe_kernels.pb_moe_down_fp8, fp8_down_sig, moe,
+        pointers(fp8_down_sig) + ["hidden", "inter", "stride_h", "stride_we", "stride_wn", "stride_y"], warps, stages,
+        (width, rows))
 # 0370's prompt kernel at air12's heads (96 query heads on 8 KV heads, 128 wide), pointer loads (0400 off),
 # the step's own keys (0750 off: idx_ptr unread)
 attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": "*bf16",

@@ -201,28 +201,35 @@ q = (torch.randn(300, 5000) * 100).to(torch.float8_e4m3fn)
 rows, cols = torch.arange(64, 264), torch.arange(96, 4896)
 shard = q[64:264, 96:4896]
 expanded = fp8_weights.dequantize(shard, grid, (128, 128), torch.float32, (rows, cols))
-blocks = ((rows // 128).int(), (cols // 128).int())
+a = torch.randn(300, 4800)
+bias = torch.randn(200)
+alone = invariant_gemm.gemm_fp8(a[:1], shard, grid, (rows // 128).int(), 96, 128, bias)
 for m in (1, 5, 300):
-    a = torch.randn(m, 4800)
-    fp8 = invariant_gemm.gemm(a, shard.t(), scales=(grid, *blocks))
-    out[m] = torch.equal(fp8, invariant_gemm.gemm(a, expanded.t()))
+    fp8 = invariant_gemm.gemm_fp8(a[:m], shard, grid, (rows // 128).int(), 96, 128, bias)
+    twin = invariant_gemm.gemm(a[:m], expanded.t(), bias)
+    out[m] = {"alone": torch.equal(fp8[:1], alone), "twin": torch.equal(fp8, twin),
+              "error": ((fp8 - twin).abs().max() / twin.abs().max()).item()}
 print(json.dumps(out))
 """
 
 
 def test_gemm_expands_fp8_tiles_to_the_expanded_weights_sums(patched_engine):
-    """0380's GEMM reading a float8 shard that starts mid-block gives, at 1, 5 and 300 rows (chunked
-    K, one program a chunk or a tile), the bits of the same GEMM on the expanded weight."""
+    """0810's GEMM reading a float8 shard that starts mid-block, at 1, 5 and 300 rows (chunked K,
+    one program a chunk or a tile): the first row's bits are its bits alone, and every row is the
+    GEMM on the expanded weight to float32 rounding."""
     proc = engine_code(GEMM_CODE, patched_engine, timeout=900, PB_INVARIANT_GEMM="1", TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"1": True, "5": True, "300": True}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(r["alone"] for r in out.values()), out
+    assert all(r["error"] < 1e-5 for r in out.values()), out
 
 
 def test_kernels_expand_fp8_tiles_to_the_twins_sums(patched_engine, trained_fp8):
     """With 0380's GEMM and 0220's experts kernels (under Triton's interpreter), the FP8 model reads
-    float8 tiles and its logits equal the twin's under the same kernels, bit for bit."""
+    float8 tiles in 0810's kernels, and its logits are the twin's under the bf16 kernels to the
+    rounding of sums taken in another order (the transposed tiles)."""
     on = engine_job("fp8_job.py", patched_engine, *trained_fp8, timeout=1800, PB_FP8_WEIGHTS="1", **KERNELS)
-    assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["equal"] == [True, True, True], on
+    assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["max_abs"] <= 1e-4 * on["max_logit"], on
     assert on["kernel_calls"]["gemm_fp8"] > 0 and on["kernel_calls"]["moe_fp8"] > 0, on
 
 

@@ -446,29 +446,28 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
 
 @pytest.mark.parametrize("name", ["k_proj", "o_proj", "dense down"])
 def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name):
-    """0810: 0380's GEMM on float8 weights with 128 x 128 block scales (Air's k_proj, o_proj and
-    the dense MLP's down, 85.5 blocks deep) gives a row the same bits among 1 ... 8192 rows and
-    inside a CUDA graph, near the product with the dequantized twin. (Not the twin's bits: on an
-    H200 the kernel on a tile expanded in registers and the kernel on a bf16 tile loaded from memory
-    rounded differently at decode sizes, W52.)"""
+    """0810: the float8 GEMM with 128 x 128 block scales (Air's k_proj, o_proj and the dense MLP's
+    down, 85.5 blocks deep) gives a row the same bits among 1 ... 8192 rows and inside a CUDA
+    graph, near the product with the dequantized twin (not its bits: the transposed tiles sum in
+    another order)."""
     from transformers._pb.ops import invariant_gemm
 
-    from patchbay.device.gpu_fp8 import DENSE, _grid_index
+    from patchbay.device.gpu_fp8 import DENSE, fp8_scales
     from patchbay.runtime import fp8
 
     n, k = DENSE[name]
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     q, grid = fp8.quantize((torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16())
     twin = fp8.dequantize(q, grid, torch.bfloat16)
-    scales = (grid, *_grid_index(n, k, fp8.BLOCK, "cuda"))
+    scales = fp8_scales(grid, n, fp8.BLOCK, "cuda")
     x = torch.randn((8192, k), generator=gen, device="cuda").bfloat16()
-    alone = invariant_gemm.gemm(x[:1], q.t(), scales=scales)
+    alone = invariant_gemm.gemm_fp8(x[:1], q, *scales)
     for rows in (1, 2, 31, 64, 65, 300, 8192):
-        got = invariant_gemm.gemm(x[:rows], q.t(), scales=scales)
+        got = invariant_gemm.gemm_fp8(x[:rows], q, *scales)
         want = invariant_gemm.gemm(x[:rows], twin.t()).float()
         assert (got.float() - want).abs().max().item() <= 2e-2 * want.abs().max().item(), rows
         assert torch.equal(got[0], alone[0]), rows
-    assert torch.equal(in_graph(lambda: invariant_gemm.gemm(x[:32], q.t(), scales=scales))[0], alone[0])
+    assert torch.equal(in_graph(lambda: invariant_gemm.gemm_fp8(x[:32], q, *scales))[0], alone[0])
 
 
 def test_fp8_experts_give_a_token_the_same_bits_in_steps_of_every_size():

@@ -19,6 +19,18 @@ TRITON = importlib.util.find_spec("triton") is not None
 MODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+def fp8_depth(scale_k: int, *starts: int) -> int | None:
+    """0810: the depth (BLOCK_K) of a float8 product's steps: each step must lie in one scale column
+    (`scale_k` columns a scale), so the depth divides it and every k a step starts at (`starts`: a
+    shard's first model-wide column, a chunk's length). The deepest that fits; under the
+    interpreter at most 64, as the bf16 launches there. None: none fits, and the caller expands
+    the weight instead."""
+    for depth in (64, 32) if INTERPRET else (128, 64, 32):
+        if scale_k % depth == 0 and all(start % depth == 0 for start in starts):
+            return depth
+    return None
+
+
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, n - 1).bit_length()

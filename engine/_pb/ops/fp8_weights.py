@@ -15,13 +15,16 @@ writes, and multiplied in that dtype. So a model served this way computes what i
 dequantized twin (the same checkpoint expanded once, saved in the compute dtype) computes:
 `tests/test_fp8_weights.py` holds the two to the same bits.
 
-Where the series' kernels run (a GPU, or Triton's interpreter in the tests), they read the
-float8 weights and expand each tile in registers before the same dots, in the same order, as
-their bf16 launch makes: the linears through 0380's GEMM (PB_INVARIANT_GEMM), the experts
-through 0220's kernels (PB_FUSED_MOE's `pb_triton`, 0390's large steps included); a step
-therefore reads one byte a weight. Under Triton's interpreter the sums are the twin's under the
-same knobs; on an H200 the tensor cores round a tile built in registers otherwise than one loaded
-from memory at decode sizes, so there they are near the twin's, not equal (W52), and slower.
+Where the series' kernels run (a GPU, or Triton's interpreter in the tests), the products read
+the float8 weights: the linears through invariant_gemm.gemm_fp8 (with PB_INVARIANT_GEMM), the
+experts through 0220's float8 kernels (PB_FUSED_MOE's `pb_triton`, 0390's large steps included),
+so a step reads one byte a weight. Each tile is expanded in registers to the values above and
+summed as a transposed tile, the weight on the tensor core's first operand: on sm_90 that operand
+is read from registers as made, and the instruction follows the weight rows, not the row count,
+so a row's bits are the same among any rows (tests/test_kernels_gpu.py, W53). The linears' K is
+cut into chunks of their own (invariant_gemm.fp8_chunk_k: enough programs for a decode step on
+half the bytes), so the sums are the twin's to float32 rounding, not its bits, except where the
+chunks coincide (the experts: W53's table has them equal on an H100).
 Elsewhere each call expands the weights it uses and runs the bf16 product of the same name
 (F.linear; upstream's `grouped_mm` and `batched_mm`, or 0220's fallback): the reference,
 correct on any device and slow on a GPU.
@@ -116,15 +119,16 @@ def _index(module, name: str):
 
 
 def _blocks(module, name: str):
-    """The scale grid's row for each of `module.name`'s rows and its column for each of its columns
-    (int32, on the weight's device), as the kernels read them; after_load made them."""
+    """What the kernels read to expand `module.name`: the scale grid's row for each of its rows
+    (int32, on the weight's device), the model-wide column of its first column (None when its
+    columns are not one run, and the kernels do not take it), and the columns a scale covers."""
     return module.__dict__["_pb_fp8_blocks"][name]
 
 
 def after_load(model) -> None:
     """Once the weights are loaded (a shard's parameters are DTensors here; inside a
     tensor-parallel forward they are plain local tensors): each FP8 weight's global rows and
-    columns, and the scale-grid rows and columns the kernels read for them."""
+    columns, and what the kernels read to expand it."""
     if not ENABLED:
         return
     shards = 0
@@ -139,8 +143,10 @@ def after_load(model) -> None:
             rows = torch.arange(local.shape[-2]) if rows is None else rows
             cols = torch.arange(local.shape[-1]) if cols is None else cols
             module.__dict__.setdefault("_pb_fp8_index", {})[name] = (rows, cols)
-            module.__dict__.setdefault("_pb_fp8_blocks", {})[name] = tuple(
-                (index // size).to(torch.int32).to(local.device) for index, size in ((rows, block[0]), (cols, block[1])))
+            first = int(cols[0]) if len(cols) else 0
+            one_run = torch.equal(cols, torch.arange(first, first + len(cols)))
+            module.__dict__.setdefault("_pb_fp8_blocks", {})[name] = (
+                (rows // block[0]).to(torch.int32).to(local.device), first if one_run else None, block[1])
     if shards:
         sys.stderr.write(f"patchbay: PB_FP8_WEIGHTS: {shards} FP8 weights are tensor-parallel shards, each "
                          "reading the whole scale grid at its global rows and columns\n")
@@ -165,12 +171,15 @@ def linear_forward(self, input: torch.Tensor) -> torch.Tensor:
     bias = None if self.bias is None else _local(self.bias).to(input.dtype)
     scales = _local(self.weight_scale_inv)
     if self.block_size is not None and _kernels(input):
-        # 0380's GEMM expands the tiles it reads: the sums F.linear on the expanded weight makes there
+        # 0380's chunks, the float8 tiles expanded in registers (None: no depth fits the blocks)
         from . import invariant_gemm
 
+        grid_rows, k_offset, scale_k = _blocks(self, "weight")
         rows = input.reshape(-1, input.shape[-1])
-        out = invariant_gemm.gemm(rows, weight.t(), bias, scales=(scales, *_blocks(self, "weight")))
-        return out.view(*input.shape[:-1], weight.shape[0])
+        out = None if k_offset is None else invariant_gemm.gemm_fp8(rows, weight, scales, grid_rows, k_offset,
+                                                                    scale_k, bias)
+        if out is not None:
+            return out.view(*input.shape[:-1], weight.shape[0])
     w = dequantize(weight, scales, self.block_size, input.dtype, _index(self, "weight"))
     return F.linear(input, w, bias)
 
@@ -208,7 +217,7 @@ class _Expanded:
 
 class _Scaled:
     """An FP8 experts module as 0220's kernels read it: its local float8 weights, and in `pb_fp8`
-    each one's scale grid with the grid rows and columns of its rows and columns."""
+    each one's scale grid with what else the kernels read to expand it (_blocks)."""
 
     def __init__(self, experts):
         self._pb_source = experts
@@ -228,7 +237,7 @@ def _experts_forward(name: str):
 
         if name == fused_moe.NAME and self.has_gate and getattr(self, "block_size", None) is not None:
             scaled = _Scaled(self)
-            if fused_moe.takes_kernels(scaled, hidden_states, top_k_index):
+            if fused_moe.fp8_takes(scaled.pb_fp8) and fused_moe.takes_kernels(scaled, hidden_states, top_k_index):
                 return fused_moe.experts_forward(scaled, hidden_states, top_k_index, top_k_weights)
         implementation = ALL_EXPERTS_FUNCTIONS[name]
         return implementation(_Expanded(self, hidden_states.dtype), hidden_states, top_k_index, top_k_weights)

@@ -29,7 +29,7 @@ import torch
 
 from . import stable_launch
 from .. import knobs
-from .common import INTERPRET, kernels, pow2
+from .common import INTERPRET, fp8_depth, kernels, pow2
 
 NAME = "pb_triton"
 BLOCK_M = 16
@@ -152,9 +152,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts implementation: same contract as upstream's eager forward.
 
-    0810: experts whose `pb_fp8` holds, for "gate_up" and "down", a float8 weight's scale grid
-    [E, rows, cols] and the grid row of each weight row and the grid column of each k read
-    float8 weights and expand them in the kernels (callers send such experts only here)."""
+    0810: experts whose `pb_fp8` holds the scales of float8 weights (see _fp8_products) run the
+    float8 kernels (callers send such experts here only when fp8_takes says so)."""
     from . import moe_one_path
 
     tokens, hidden = hidden_states.shape
@@ -190,28 +189,50 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     # 0390's combine skips the rows of masked pairs, so only the plain sum needs them zeroed
     y = (torch.empty if one_path else torch.zeros)((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = top_k_weights.reshape(-1).contiguous()
-    kernel.pb_moe_gate_up[(blocks, -(-inter // t_gu.bn))](
-        x, descriptors[0] if descriptors else w_gu, h, rows, block_expert, n_pairs, top_k, hidden, inter,
-        x.stride(0), w_gu.stride(0), w_gu.stride(1), h.stride(0), *_scale_args(fp8, "gate_up", x),
-        BM=block_m, BN=t_gu.bn, BK=t_gu.bk, EVEN_K=hidden % t_gu.bk == 0, W_TMA=descriptors is not None,
-        W_FP8=fp8 is not None, num_warps=t_gu.warps, num_stages=t_gu.stages)
-    kernel.pb_moe_down[(blocks, -(-hidden // t_d.bn))](
-        h, descriptors[1] if descriptors else w_d, y, rows, block_expert, weights, n_pairs, hidden, inter,
-        h.stride(0), w_d.stride(0), w_d.stride(1), y.stride(0), *_scale_args(fp8, "down", x),
-        BM=block_m, BN=t_d.bn, BK=t_d.bk, EVEN_K=inter % t_d.bk == 0, W_TMA=descriptors is not None,
-        W_FP8=fp8 is not None, num_warps=t_d.warps, num_stages=t_d.stages)
+    if fp8 is not None:
+        _fp8_products(fp8, x, w_gu, w_d, h, y, rows, block_expert, weights, top_k, block_m)
+    else:
+        kernel.pb_moe_gate_up[(blocks, -(-inter // t_gu.bn))](
+            x, descriptors[0] if descriptors else w_gu, h, rows, block_expert, n_pairs, top_k, hidden, inter,
+            x.stride(0), w_gu.stride(0), w_gu.stride(1), h.stride(0), BM=block_m, BN=t_gu.bn, BK=t_gu.bk,
+            EVEN_K=hidden % t_gu.bk == 0, W_TMA=descriptors is not None, num_warps=t_gu.warps,
+            num_stages=t_gu.stages)
+        kernel.pb_moe_down[(blocks, -(-hidden // t_d.bn))](
+            h, descriptors[1] if descriptors else w_d, y, rows, block_expert, weights, n_pairs, hidden, inter,
+            h.stride(0), w_d.stride(0), w_d.stride(1), y.stride(0), BM=block_m, BN=t_d.bn, BK=t_d.bk,
+            EVEN_K=inter % t_d.bk == 0, W_TMA=descriptors is not None, num_warps=t_d.warps, num_stages=t_d.stages)
     if one_path:
         return moe_one_path.combine(y, top_k_index, num_experts)
     return y.view(tokens, top_k, hidden).sum(dim=1)
 
 
-def _scale_args(fp8: dict | None, name: str, unread: torch.Tensor) -> tuple:
-    """The kernels' scale arguments: grid, grid row of each weight row, grid column of each k, and
-    the grid's three strides (0810); `unread` stands in for them when the weights are not float8."""
-    if fp8 is None:
-        return unread, unread, unread, 0, 0, 0
-    grid, grid_n, grid_k = fp8[name]
-    return (grid, grid_n, grid_k, *grid.stride())
+def fp8_takes(fp8: dict) -> bool:
+    """0810: whether the float8 kernels compute these experts (a depth keeps each step in one scale
+    column of both weights)."""
+    return all(k_offset is not None and fp8_depth(scale_k, k_offset) is not None
+               for _, _, k_offset, scale_k in fp8.values())
+
+
+def _fp8_products(fp8: dict, x, w_gu, w_d, h, y, rows, block_expert, weights, top_k: int, block_m: int) -> None:
+    """0810: the gate/up and down kernels on float8 weights, each expanded with its block's scale
+    (fp8_tiles.expanded_sum): `fp8` holds, for "gate_up" and "down", the scale grid [E, rows, cols],
+    the grid row of each weight row, the model-wide column of the shard's first k, and the columns
+    a scale covers. The weight rows are the tensor core's 64-row side at every block size (64 or
+    128 a program, as in invariant_gemm.fp8_tiles), so a pair's bits do not depend on it."""
+    kernel = kernels("fused_moe")
+    n_pairs, (hidden, inter), blocks = h.shape[0], w_d.shape[1:], block_expert.numel()
+    width, warps, stages = (64, 4, 4) if block_m <= 16 else (128, 8, 3)
+    precision = "tf32" if x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    grid, grid_rows, k_offset, scale_k = fp8["gate_up"]
+    kernel.pb_moe_gate_up_fp8[(blocks, -(-inter // width))](
+        x, w_gu, h, rows, block_expert, grid, grid_rows, n_pairs, top_k, hidden, inter, k_offset, x.stride(0),
+        w_gu.stride(0), w_gu.stride(1), h.stride(0), *grid.stride(), SCALE_K=scale_k, BM=block_m, BN=width,
+        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, num_warps=warps, num_stages=stages)
+    grid, grid_rows, k_offset, scale_k = fp8["down"]
+    kernel.pb_moe_down_fp8[(blocks, -(-hidden // width))](
+        h, w_d, y, rows, block_expert, weights, grid, grid_rows, n_pairs, hidden, inter, k_offset, h.stride(0),
+        w_d.stride(0), w_d.stride(1), y.stride(0), *grid.stride(), SCALE_K=scale_k, BM=block_m, BN=width,
+        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, num_warps=warps, num_stages=stages)
 
 
 def register() -> None:

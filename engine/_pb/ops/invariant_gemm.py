@@ -42,7 +42,7 @@ import torch
 
 from .. import knobs
 from . import tma
-from .common import INTERPRET, TRITON, kernels
+from .common import INTERPRET, TRITON, fp8_depth, kernels
 CHUNK_UNIT = 64  # a chunk's length is a multiple of this (and every launch's BLOCK_K divides it)
 LONG_K = 4096  # a weight's K is cut into chunks of at most this ...
 CHUNK_TILE_N = 32  # ... and into more when its columns, in tiles of this, ...
@@ -50,6 +50,8 @@ MIN_PROGRAMS = 64  # ... give fewer programs than this for one row (a router's f
 MAX_CHUNKS = 16
 CHUNK_MAX_ROWS = 256  # above this many rows one program runs a tile's chunks (no float32 parts in memory)
 GROUP_M = 8  # row tiles per group in the one-program-a-tile path's order
+FP8_TILE_N = 64  # 0810: weight rows a program of the float8 GEMM sums at decode sizes (fp8_tiles)
+FP8_MIN_PROGRAMS = 264  # 0810: programs a one-row float8 product is cut into at least (two per SM of an H200)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _library = None  # torch.library.Library holding the registration while the knob is in force
 TMA = False  # set by at_load: PB_GEMM_TMA (0410) on as well
@@ -131,13 +133,9 @@ def _supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-         out_dtype: torch.dtype | None = None, scales: tuple | None = None) -> torch.Tensor:
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """a [M, K] @ b [K, N] (+ bias [N]) with each element's sum fixed by (N, K) alone, in
-    `out_dtype` (a's by default).
-
-    `scales` (0810): b is float8, and (grid, grid_n, grid_k) expand it, element (k, n) becoming
-    `float(b[k, n]) * grid[grid_n[n], grid_k[k]]` in a's type inside the kernel: the same sums,
-    in the same order, as the product with that expanded matrix (the pointer paths only)."""
+    `out_dtype` (a's by default)."""
     kernel = kernels("invariant_gemm")
     (m, k), n = a.shape, b.shape[1]
     out = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
@@ -149,21 +147,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     chunks = -(-k // step)
     t = tiles(m, a.dtype, chunks > 1)
     tiles_m, tiles_n = -(-m // t.m), -(-n // t.n)
-    precision = "tf32" if a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    precision = _precision(a)
     bias_arg = out if bias is None else bias
-    grid, grid_n, grid_k = scales if scales is not None else (a, a, a)  # unread unless W_FP8
-    fp8 = (grid, grid_n, grid_k, grid.stride(0) if scales else 0, grid.stride(1) if scales else 0)
     if chunks > 1 and m <= CHUNK_MAX_ROWS:
         parts = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device)
         kernel.pb_gemm_chunks[(tiles_m, tiles_n, chunks)](
-            a, b, parts, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), *fp8,
-            BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision, W_FP8=scales is not None, num_warps=t.warps,
-            num_stages=t.stages)
-        sum_m = min(t.m, 32)
-        kernel.pb_gemm_sum[(-(-m // sum_m), tiles_n)](
-            parts, bias_arg, out, m, n, chunks, out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
-            BLOCK_M=sum_m, BLOCK_N=t.n, num_warps=4)
-    elif TMA and scales is None and (fast := tma_tiles(m, n, chunks > 1)) and step % fast.k == 0 and (
+            a, b, parts, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), BLOCK_M=t.m,
+            BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
+        _sum_parts(parts, bias, out, t.n)
+    elif TMA and (fast := tma_tiles(m, n, chunks > 1)) and step % fast.k == 0 and (
             descriptors := _descriptors(a, b, fast)):
         kernel.pb_gemm_tma[(-(-m // fast.m) * -(-n // fast.n),)](
             *descriptors, bias_arg, out, m, n, k, step, out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
@@ -172,9 +164,72 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     else:
         kernel.pb_gemm[(tiles_m * tiles_n,)](
             a, b, bias_arg, out, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            out.stride(1), *fp8, HAS_BIAS=bias is not None, CHUNKED=chunks > 1, BLOCK_M=t.m, BLOCK_N=t.n,
-            BLOCK_K=t.k, GROUP_M=GROUP_M, PRECISION=precision, W_FP8=scales is not None, num_warps=t.warps,
-            num_stages=t.stages)
+            out.stride(1), HAS_BIAS=bias is not None, CHUNKED=chunks > 1, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k,
+            GROUP_M=GROUP_M, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
+    return out
+
+
+def _precision(a: torch.Tensor) -> str:
+    return "tf32" if a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _sum_parts(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, block_n: int) -> None:
+    """pb_gemm_sum: the chunks' float32 sums [chunks, M, N] added in order (and the bias) into out."""
+    chunks, m, n = parts.shape
+    sum_m = 32 if m > 16 else 16
+    kernels("invariant_gemm").pb_gemm_sum[(-(-m // sum_m), -(-n // block_n))](
+        parts, out if bias is None else bias, out, m, n, chunks, out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, BLOCK_M=sum_m, BLOCK_N=block_n, num_warps=4)
+
+
+def fp8_tiles(m: int) -> Tiles:
+    """0810's launch tile for an m-row float8 product, as (rows, weight rows, depth, warps, stages);
+    the depth comes from common.fp8_depth. 64 or 128 weight rows a program: both run the same
+    64-row tensor-core instruction, so a row's bits are the same for every tile (W53: 1 row
+    against 4,096 at either width, and against 1-8,192 rows in tests/test_kernels_gpu.py); above
+    32 rows the wider tile over 8 warps took 1.04 ms for q_proj at 4,096 rows against 1.54."""
+    if m <= 32:
+        return Tiles(16 if m <= 16 else 32, FP8_TILE_N, 0, 4, 4)
+    return Tiles(64 if m <= CHUNK_MAX_ROWS else 128, 2 * FP8_TILE_N, 0, 8, 3)
+
+
+def fp8_chunk_k(n: int, k: int) -> int:
+    """0810: the length of K a chunk of the float8 GEMM sums, from the weight's shape alone: as
+    many chunks (at most MAX_CHUNKS, each a whole number of 128-deep steps) as give one row
+    FP8_MIN_PROGRAMS programs of FP8_TILE_N weight rows. The float8 weights' bytes are half the
+    bf16 ones', so a decode step needs more programs in flight to keep the memory busy (W53: k_proj
+    in 2 chunks of 16 programs took 19 us against the bf16 kernel's 11)."""
+    steps = -(-k // 128)
+    chunks = min(MAX_CHUNKS, steps, max(1, -(-FP8_MIN_PROGRAMS // -(-n // FP8_TILE_N))))
+    return -(-steps // chunks) * 128
+
+
+def gemm_fp8(a: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, grid_rows: torch.Tensor, k_offset: int,
+             scale_k: int, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """0810: a [M, K] @ W'^T (+ bias), W [N, K] float8 and W' its expansion to a's type,
+    `float(W[n, k]) * grid[grid_rows[n], (k + k_offset) // scale_k]` (a tensor-parallel shard's
+    columns start at model-wide column k_offset): each element summed in the chunks fp8_chunk_k
+    gives (N, K), added in order. None where no depth keeps a step in one scale column."""
+    (m, k), n = a.shape, weight.shape[0]
+    step = fp8_chunk_k(n, k)
+    chunks = -(-k // step)
+    depth = fp8_depth(scale_k, k_offset, step)
+    if depth is None or weight.stride(1) != 1 or k == 0:
+        return None
+    a = a if a.stride(1) == 1 else a.contiguous()
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    t = fp8_tiles(m)
+    split = chunks > 1 and m <= CHUNK_MAX_ROWS
+    target = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device) if split else out
+    kernels("invariant_gemm").pb_gemm_fp8[(-(-n // t.n), -(-m // t.m), chunks if split else 1)](
+        a, weight, grid, grid_rows, out if bias is None else bias, target, m, n, k, step, k_offset, a.stride(0),
+        weight.stride(0), out.stride(0), out.stride(1), grid.stride(0), grid.stride(1), HAS_BIAS=bias is not None,
+        SPLIT=split, SCALE_K=scale_k, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=_precision(a),
+        num_warps=t.warps, num_stages=t.stages)
+    if split:
+        _sum_parts(target, bias, out, t.n)
     return out
 
 

@@ -2,7 +2,8 @@
 products and its routed experts, quantized to 128 x 128 blocks, run by the series' kernels on
 the float8 weights and on their dequantized twin (the same kernels, bf16 weights), and by cuBLAS
 on the twin; each captured in a CUDA graph and replayed, timed against the HBM roofline of the
-bytes it must read, and its FP8 result checked bit for bit against the twin's.
+bytes it must read, and its FP8 result compared with the twin's (bits, and the largest
+difference: the sums' order alone may differ, so a larger one fails the job).
 
     python -m patchbay.device fp8 --out DIR [--tokens 1,8,32,256] [--iters 50]
                                               (on the GPU machine, through scripts/gpu-run.sh)
@@ -26,6 +27,8 @@ H100_BYTES_S = 3.35e12
 DENSE = {"q_proj": (12288, 4096), "k_proj": (1024, 4096), "o_proj": (4096, 12288),
          "shared gate": (1408, 4096), "shared down": (4096, 1408),
          "dense gate": (10944, 4096), "dense down": (4096, 10944)}
+# FP8 against the twin, relative to the twin's largest value: the sums' order only (bf16 outputs)
+MAX_ERROR = 1e-2
 # The CPU test runs this code under Triton's interpreter, in float32 (its bf16 rounding truncates).
 DEVICE, DTYPE = "cuda", None  # None: torch.bfloat16, as served
 
@@ -52,10 +55,13 @@ def _dtype():
     return DTYPE or torch.bfloat16
 
 
-def _grid_index(rows: int, cols: int, block: tuple[int, int], device):
+def fp8_scales(grid, rows: int, block: tuple[int, int], device) -> tuple:
+    """What 0810's kernels read to expand a whole (unsharded) weight of `rows` rows quantized in
+    `block`s: the grid, its row for each weight row, the first column (0) and the columns a scale
+    covers."""
     import torch
 
-    return tuple((torch.arange(n, device=device) // b).to(torch.int32) for n, b in ((rows, block[0]), (cols, block[1])))
+    return grid, (torch.arange(rows, device=device) // block[0]).to(torch.int32), 0, block[1]
 
 
 def _time_arms(row: dict, arms: dict, read_bytes: dict, iters: int, bandwidth: float) -> dict:
@@ -65,6 +71,15 @@ def _time_arms(row: dict, arms: dict, read_bytes: dict, iters: int, bandwidth: f
         seconds = _time(fn, iters, graphs=True)
         row[label] = {"us": seconds * 1e6, "of_roofline": read_bytes[label] / bandwidth / seconds}
     return row
+
+
+def _against_twin(fp8, twin) -> dict:
+    """Whether the FP8 product gave the twin's bits, and its largest difference from it relative
+    to the twin's largest magnitude."""
+    import torch
+
+    scale = twin.float().abs().max().item() or 1.0
+    return {"equal": bool(torch.equal(fp8, twin)), "error": (fp8.float() - twin.float()).abs().max().item() / scale}
 
 
 def dense_row(name: str, tokens: int, iters: int, bandwidth: float) -> dict:
@@ -81,14 +96,13 @@ def dense_row(name: str, tokens: int, iters: int, bandwidth: float) -> dict:
     w = torch.randn((n, k), generator=gen, device=DEVICE).mul_(0.02).to(_dtype())
     q, grid = fp8.quantize(w)
     twin = fp8.dequantize(q, grid, _dtype())
-    scales = (grid, *_grid_index(n, k, fp8.BLOCK, DEVICE))
+    scales = fp8_scales(grid, n, fp8.BLOCK, DEVICE)
     x = torch.randn((tokens, k), generator=gen, device=DEVICE).to(_dtype())
-    arms = {"fp8 kernel": lambda: invariant_gemm.gemm(x, q.t(), scales=scales),
+    arms = {"fp8 kernel": lambda: invariant_gemm.gemm_fp8(x, q, *scales),
             "bf16 kernel": lambda: invariant_gemm.gemm(x, twin.t()),
             "cuBLAS bf16": lambda: F.linear(x, twin)}
     weight_bytes = {"fp8 kernel": n * k + grid.numel() * 4, "bf16 kernel": 2 * n * k, "cuBLAS bf16": 2 * n * k}
-    row = {"product": name, "tokens": tokens,
-           "equal": bool(torch.equal(arms["fp8 kernel"](), arms["bf16 kernel"]()))}
+    row = {"product": name, "tokens": tokens, **_against_twin(arms["fp8 kernel"](), arms["bf16 kernel"]())}
     read = {label: size + 2 * tokens * (n + k) for label, size in weight_bytes.items()}  # weight, input, output
     return _time_arms(row, arms, read, iters, bandwidth)
 
@@ -109,7 +123,7 @@ def experts_row(tokens: int, iters: int, module, quantized: dict, twin, bandwidt
     arms = {"fp8 kernel": lambda: fused_moe.experts_forward(quantized, x, index, weights),
             "bf16 kernel": lambda: fused_moe.experts_forward(twin, x, index, weights)}
     row = {"product": "routed experts", "tokens": tokens, "experts_touched": touched,
-           "equal": bool(torch.equal(arms["fp8 kernel"](), arms["bf16 kernel"]()))}
+           **_against_twin(arms["fp8 kernel"](), arms["bf16 kernel"]())}
     read = {"fp8 kernel": touched * per_expert, "bf16 kernel": 2 * touched * per_expert}
     return _time_arms(row, arms, read, iters, bandwidth)
 
@@ -131,8 +145,7 @@ def _experts(config):
     weights, grids, twins = {}, {}, {}
     for name, short in (("gate_up_proj", "gate_up"), ("down_proj", "down")):
         q, grid = fp8.quantize(getattr(module, name).data)
-        rows, cols = q.shape[-2:]
-        weights[name], grids[short] = q, (grid, *_grid_index(rows, cols, fp8.BLOCK, DEVICE))
+        weights[name], grids[short] = q, fp8_scales(grid, q.shape[-2], fp8.BLOCK, DEVICE)
         twins[name] = torch.stack([fp8.dequantize(q[e], grid[e], _dtype()) for e in range(q.shape[0])])
         setattr(module, name, None)
     return module, _Experts(module, pb_fp8=grids, **weights), _Experts(module, **twins)
@@ -140,9 +153,10 @@ def _experts(config):
 
 def render(result: dict) -> str:
     """fp8.json as a Markdown table: per product and token count, us (share of roofline) for
-    each arm, FP8 over the bf16 kernel's time, and whether FP8 gave the twin's bits."""
-    lines = ["| product | tokens | fp8 kernel | bf16 kernel | cuBLAS bf16 | bf16 / fp8 time | fp8 == twin |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    each arm, FP8 over the bf16 kernel's time, whether FP8 gave the twin's bits and how far from
+    them it is."""
+    lines = ["| product | tokens | fp8 kernel | bf16 kernel | cuBLAS bf16 | bf16 / fp8 time | fp8 == twin | max diff |",
+             "|---|---:|---:|---:|---:|---:|---|---:|"]
     for row in result["rows"]:
         cells = []
         for arm in ("fp8 kernel", "bf16 kernel", "cuBLAS bf16"):
@@ -150,7 +164,7 @@ def render(result: dict) -> str:
             cells.append(f"{entry['us']:.1f} ({entry['of_roofline']:.2f})" if entry else "–")
         speed = row["bf16 kernel"]["us"] / row["fp8 kernel"]["us"]
         lines.append(f"| {row['product']} | {row['tokens']} | " + " | ".join(cells)
-                     + f" | {speed:.2f} | {'yes' if row['equal'] else 'NO'} |")
+                     + f" | {speed:.2f} | {'yes' if row['equal'] else 'no'} | {row.get('error', 0.0):.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -190,4 +204,5 @@ def main(argv: list[str]) -> int:
     (out / "fp8.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(render(result))
     sys.stdout.write(render(result))
-    return 0 if all(row["equal"] for row in rows) else 1
+    # the FP8 products expand to the twin's values: apart from the order of their sums, the same
+    return 0 if all(row["error"] <= MAX_ERROR for row in rows) else 1

@@ -37,12 +37,10 @@ def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, ma
 
 @triton.jit
 def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top_k, hidden, inter,
-            stride_x, stride_we, stride_wn, stride_h, s_ptr, s_n_ptr, s_k_ptr, stride_se, stride_sn, stride_sk,
+            stride_x, stride_we, stride_wn, stride_h,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-            W_TMA: tl.constexpr = False, W_FP8: tl.constexpr = False):
+            W_TMA: tl.constexpr = False):
     # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * 2 * inter, hidden]
-    # W_FP8 (0810): the weights are float8, each expanded to x's type with its block's scale,
-    # s[expert, s_n[row], s_k[k]] (the scale grid's row for each weight row, its column for each k)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -69,11 +67,6 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
             acc_u += tl.dot(x, w_ptr.load([gate_row + inter, k0]).T)
     else:
         w_base = w_ptr + expert.to(tl.int64) * stride_we
-        s_base = s_ptr + expert.to(tl.int64) * stride_se
-        gate_blocks, up_blocks = offs_n, offs_n
-        if W_FP8:
-            gate_blocks = tl.load(s_n_ptr + offs_n).to(tl.int64)
-            up_blocks = tl.load(s_n_ptr + offs_n + inter).to(tl.int64)
         for k0 in range(0, hidden, BK):
             offs_k = k0 + tl.arange(0, BK)
             if EVEN_K:
@@ -86,11 +79,6 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
                 wg = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
                 wu = tl.load(w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None],
                              mask=k_ok[:, None], other=0.0)
-            if W_FP8:  # a k past the weight reads the last k's scale and multiplies a masked zero
-                wg = fp8_tiles.expand(wg, s_base, gate_blocks, s_k_ptr, offs_k, hidden - 1, stride_sn, stride_sk,
-                                      x.dtype)
-                wu = fp8_tiles.expand(wu, s_base, up_blocks, s_k_ptr, offs_k, hidden - 1, stride_sn, stride_sk,
-                                      x.dtype)
             acc_g += tl.dot(x, wg)
             acc_u += tl.dot(x, wu)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -99,11 +87,10 @@ def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top
 
 @triton.jit
 def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_pairs, hidden, inter,
-         stride_h, stride_we, stride_wn, stride_y, s_ptr, s_n_ptr, s_k_ptr, stride_se, stride_sn, stride_sk,
+         stride_h, stride_we, stride_wn, stride_y,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-         W_TMA: tl.constexpr = False, W_FP8: tl.constexpr = False):
+         W_TMA: tl.constexpr = False):
     # W_TMA (0430): w_ptr is a TMA descriptor of the weights as [experts * hidden, inter]
-    # W_FP8 (0810): float8 weights expanded with their blocks' scales, as in pb_moe_gate_up
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -127,10 +114,6 @@ def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_
             acc += tl.dot(h, w_ptr.load([expert * hidden + pid_n * BN, k0]).T)
     else:
         w_base = w_ptr + expert.to(tl.int64) * stride_we
-        s_base = s_ptr + expert.to(tl.int64) * stride_se
-        row_blocks = offs_n
-        if W_FP8:
-            row_blocks = tl.load(s_n_ptr + offs_n).to(tl.int64)
         for k0 in range(0, inter, BK):
             offs_k = k0 + tl.arange(0, BK)
             if EVEN_K:
@@ -140,10 +123,66 @@ def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_
                 k_ok = offs_k < inter
                 h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None], other=0.0)
-            if W_FP8:
-                w = fp8_tiles.expand(w, s_base, row_blocks, s_k_ptr, offs_k, inter - 1, stride_sn, stride_sk, h.dtype)
             acc += tl.dot(h, w)
     weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     tl.store(y_ptr + pairs[:, None].to(tl.int64) * stride_y + cols[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def pb_moe_gate_up_fp8(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, s_ptr, s_rows_ptr, n_pairs, top_k, hidden,
+                       inter, k_offset, stride_x, stride_we, stride_wn, stride_h, stride_se, stride_sn, stride_sk,
+                       SCALE_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       PRECISION: tl.constexpr):
+    # 0810: pb_moe_gate_up on float8 weights, each expanded with its block's scale
+    # s[expert, s_rows[row], (k + k_offset) // SCALE_K], as transposed tiles [BN columns, BM pairs]
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(rows_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pairs < n_pairs
+    tokens = tl.where(valid, pairs // top_k, 0).to(tl.int64)
+    cols = pid_n * BN + tl.arange(0, BN)
+    n_ok = cols < inter
+    gate = tl.where(n_ok, cols, 0).to(tl.int64)
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    s_base = s_ptr + expert.to(tl.int64) * stride_se
+    acc_g = fp8_tiles.expanded_sum(w_base, x_ptr, s_base, gate, n_ok, tl.load(s_rows_ptr + gate).to(tl.int64),
+                                   tokens, valid, 0, hidden, k_offset, stride_wn, stride_x, stride_sn, stride_sk,
+                                   SCALE_K, BN, BM, BK, PRECISION)
+    acc_u = fp8_tiles.expanded_sum(w_base, x_ptr, s_base, gate + inter, n_ok,
+                                   tl.load(s_rows_ptr + gate + inter).to(tl.int64), tokens, valid, 0, hidden,
+                                   k_offset, stride_wn, stride_x, stride_sn, stride_sk, SCALE_K, BN, BM, BK, PRECISION)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h_ptr + pairs[None, :].to(tl.int64) * stride_h + cols[:, None], h.to(h_ptr.dtype.element_ty),
+             mask=valid[None, :] & n_ok[:, None])
+
+
+@triton.jit
+def pb_moe_down_fp8(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, s_ptr, s_rows_ptr, n_pairs, hidden,
+                    inter, k_offset, stride_h, stride_we, stride_wn, stride_y, stride_se, stride_sn, stride_sk,
+                    SCALE_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    # 0810: pb_moe_down on float8 weights, expanded as in pb_moe_gate_up_fp8
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pairs = tl.load(rows_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pairs < n_pairs
+    safe = tl.where(valid, pairs, 0)
+    cols = pid_n * BN + tl.arange(0, BN)
+    n_ok = cols < hidden
+    out_rows = tl.where(n_ok, cols, 0).to(tl.int64)
+    acc = fp8_tiles.expanded_sum(w_ptr + expert.to(tl.int64) * stride_we, h_ptr, s_ptr + expert.to(tl.int64) * stride_se,
+                                 out_rows, n_ok, tl.load(s_rows_ptr + out_rows).to(tl.int64), safe.to(tl.int64), valid,
+                                 0, inter, k_offset, stride_wn, stride_h, stride_sn, stride_sk, SCALE_K, BN, BM, BK,
+                                 PRECISION)
+    weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * weight[None, :]
+    tl.store(y_ptr + pairs[None, :].to(tl.int64) * stride_y + cols[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=valid[None, :] & n_ok[:, None])

@@ -15,16 +15,10 @@ from . import fp8_tiles
 
 @triton.jit
 def chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak, stride_bk,
-              stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
-    """One chunk's float32 sum for a [BLOCK_M, BLOCK_N] tile: A[rows, k_start:k_stop] @ B[k_start:k_stop, cols].
-    W_FP8 (0810): B is float8 and each of its elements is first expanded to A's type with its
-    block's scale, s[s_n[col], s_k[k]] (the scale grid's row for each column of B, its column
-    for each k), so the tile holds exactly the expanded weight's values."""
+              stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """One chunk's float32 sum for a [BLOCK_M, BLOCK_N] tile: A[rows, k_start:k_stop] @ B[k_start:k_stop, cols]."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    scale_n = cols
-    if W_FP8:
-        scale_n = tl.load(s_n_ptr + cols, mask=col_ok, other=0).to(tl.int64)  # a column past N reads row 0
     for k in range(k_start, k_stop, BLOCK_K):
         ks = (k + tl.arange(0, BLOCK_K)).to(tl.int64)
         k_ok = ks < k_stop
@@ -32,8 +26,6 @@ def chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_
                     other=0.0)
         b = tl.load(b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn, mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        if W_FP8:
-            b = fp8_tiles.expand(b, s_ptr, scale_n, s_k_ptr, ks, k_stop - 1, stride_sn, stride_sk, a.dtype)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
@@ -49,9 +41,8 @@ def finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stri
 
 @triton.jit(do_not_specialize=["M"])
 def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
-            stride_om, stride_on, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, HAS_BIAS: tl.constexpr,
-            CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+            stride_om, stride_on, HAS_BIAS: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
     """One program an output tile, its chunks summed one after another (tiles ordered in groups of
     GROUP_M row tiles, so neighbouring programs share B's columns in cache). CHUNKED: the weight's
     K is cut into more than one chunk."""
@@ -71,19 +62,16 @@ def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride
         for k_start in range(0, K, CHUNK_K):
             k_stop = tl.minimum(k_start + CHUNK_K, K)
             total += chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak,
-                               stride_bk, stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M,
-                               BLOCK_N, BLOCK_K, PRECISION, W_FP8)
+                               stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     else:  # one chunk: its sum is the total (one accumulator, so wide tiles keep their registers)
         total = chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, 0, K, stride_am, stride_ak, stride_bk,
-                          stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K,
-                          PRECISION, W_FP8)
+                          stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stride_on, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])
 def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
-                   s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W_FP8: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """One program a (row tile, column tile, chunk): that chunk's float32 sum into part[chunk]."""
     tile_m, tile_n, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -92,8 +80,7 @@ def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_a
     k_start = chunk * CHUNK_K
     k_stop = tl.minimum(k_start + CHUNK_K, K)
     acc = chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak, stride_bk,
-                    stride_bn, s_ptr, s_n_ptr, s_k_ptr, stride_sn, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
-                    W_FP8)
+                    stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     tl.store(part_ptr + (chunk * M + rows[:, None]) * N + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -143,3 +130,38 @@ def pb_gemm_tma(a_desc, w_desc, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_om, 
     rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (col0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     finish(total, bias_ptr, out_ptr, rows, cols, rows < M, cols < N, stride_om, stride_on, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, k_offset, stride_am, stride_wn,
+                stride_om, stride_on, stride_sn, stride_sk, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """0810: A [M, K] @ W'^T, W [N, K] float8 and W' its expansion with the scale grid s (the grid
+    row of each of W's rows at s_rows, the grid column of k at (k + k_offset) // SCALE_K), summed
+    in pb_gemm's chunks, each chunk as the transposed tile [BLOCK_N weight rows, BLOCK_M rows]
+    (fp8_tiles.expanded_sum). SPLIT: one program a (column tile, row tile, chunk), its float32 sum
+    into out_ptr's parts [chunks, M, N] for pb_gemm_sum; else one program a tile adds its chunks
+    to zero in order, as pb_gemm_sum does, adds the bias and stores."""
+    tile_n, tile_m = tl.program_id(0), tl.program_id(1)
+    cols = (tile_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    col_ok, row_ok = cols < N, rows < M
+    s_rows = tl.load(s_rows_ptr + cols, mask=col_ok, other=0).to(tl.int64)
+    if SPLIT:
+        chunk = tl.program_id(2)
+        k_start = chunk * CHUNK_K
+        part = fp8_tiles.expanded_sum(w_ptr, a_ptr, s_ptr, cols, col_ok, s_rows, rows, row_ok, k_start,
+                                      tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am, stride_sn,
+                                      stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+        tl.store(out_ptr + (chunk * M + rows[None, :]) * N + cols[:, None], part, mask=row_ok[None, :] & col_ok[:, None])
+    else:
+        total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k_start in range(0, K, CHUNK_K):
+            total += fp8_tiles.expanded_sum(w_ptr, a_ptr, s_ptr, cols, col_ok, s_rows, rows, row_ok, k_start,
+                                            tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am,
+                                            stride_sn, stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on, total.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[None, :] & col_ok[:, None])
