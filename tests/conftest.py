@@ -6,6 +6,7 @@ loopback ports, each with its own run folder, and stopped when their scope ends.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -143,17 +144,72 @@ def engine_code(code: str, engine: build.Engine, timeout: float = 120, **env: st
                           text=True, timeout=timeout)
 
 
+class EngineJob:
+    """tests/`script` started in a fresh interpreter with engine_environ(engine, **env); it runs
+    while the caller goes on (a job keeps one core busy: two side by side take the time of one)."""
+
+    def __init__(self, script: str, engine: build.Engine, *args: str, timeout: float = 600, **env: str):
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        self.deadline = time.monotonic() + timeout
+        # files, not pipes: a job's output must not fill a pipe while another job is waited on
+        self.out, self.err = (tempfile.TemporaryFile("w+", errors="replace") for _ in range(2))
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name(script)), *args],
+                                     env=engine_environ(engine, **env), stdout=self.out, stderr=self.err)
+        self.result: dict | None = None
+
+    def report(self) -> dict:
+        """Waits for the job (until its timeout, then stops it); the JSON object its last line prints."""
+        import json
+        import subprocess
+        import time
+
+        if self.result is None:
+            try:
+                self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise
+            self.out.seek(0)
+            self.err.seek(0)
+            assert self.proc.returncode == 0, self.err.read()[-3000:]
+            self.result = json.loads(self.out.read().strip().splitlines()[-1])
+        return self.result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.out.close()
+        self.err.close()
+
+
 def engine_job(script: str, engine: build.Engine, *args: str, timeout: float = 600, **env: str) -> dict:
     """Run tests/`script` in a fresh interpreter with engine_environ(engine, **env); returns the
     JSON object its last line prints."""
-    import json
-    import subprocess
-    import sys
+    job = EngineJob(script, engine, *args, timeout=timeout, **env)
+    try:
+        return job.report()
+    finally:
+        job.stop()
 
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args],
-                          env=engine_environ(engine, **env), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+@contextlib.contextmanager
+def engine_jobs(script: str, engine: build.Engine, *args: str, runs: dict[str, dict[str, str]], timeout: float = 600,
+                **env: str):
+    """An EngineJob of tests/`script` for each of `runs` (a name and the environment it adds to
+    `env`), all started at once; yields them by name, and stops those still running at the end."""
+    jobs: dict[str, EngineJob] = {}
+    try:
+        for name, extra in runs.items():
+            jobs[name] = EngineJob(script, engine, *args, timeout=timeout, **env, **extra)
+        yield jobs
+    finally:
+        for job in jobs.values():
+            job.stop()
 
 
 def engine_module(engine: build.Engine, name: str):

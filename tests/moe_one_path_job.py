@@ -115,7 +115,9 @@ def tiny_logprobs(model_dir: str) -> dict:
              "import os\nimport sys\nprint(os.getcwd(), sys.argv)", "Once upon a time, in a land far away, there")
     prompts = [tok(t)["input_ids"] for t in texts]
     config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
-    cb = ContinuousBatchingConfig(return_logprobs=True)
+    # a pool of 16 pages: left to upstream, the pool is sized from the host's free memory, and
+    # allocating and filling that takes seconds a run on the CPU
+    cb = ContinuousBatchingConfig(return_logprobs=True, num_blocks=16)
     steps = []
     real = fused_moe.experts_forward
 

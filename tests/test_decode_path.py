@@ -9,31 +9,36 @@ are called through upstream's own functions in a fresh interpreter, with the kno
 
 import pytest
 
-from .conftest import engine_code, engine_job, engine_module
+from .conftest import engine_code, engine_jobs, engine_module
 
 pytestmark = pytest.mark.engine
 
 
-def run_job(engine, model, replies: bool = False, **knobs) -> dict:
-    """The job's checks; with `replies`, also the tiny model's greedy replies through batching."""
-    return engine_job("decode_path_job.py", engine, model, *(["--replies"] if replies else []), timeout=300, **knobs)
+@pytest.fixture(scope="module")
+def jobs(patched_engine, tiny_model):
+    """The job's checks with the knobs off and on, started together; with --replies, also the tiny
+    model's greedy replies through batching. 0270 (causal) alone: compile (0260) would trace sdpa
+    once instead of calling it every step."""
+    on = {"PB_GRAPH_BUCKETS": "1", "PB_ASYNC_BATCHING": "1", "PB_SWITCH_INTERVAL": "500", "PB_COMPILE_LEVEL": "1"}
+    with engine_jobs("decode_path_job.py", patched_engine, tiny_model, "--replies", timeout=300,
+                     runs={"off": {}, "causal": {"PB_CAUSAL_PREFILL": "1"}}) as with_replies, \
+            engine_jobs("decode_path_job.py", patched_engine, tiny_model, timeout=300, runs={"on": on}) as checks:
+        yield {**with_replies, **checks}
 
 
 @pytest.fixture(scope="module")
-def off(patched_engine, tiny_model):
-    return run_job(patched_engine, tiny_model, replies=True)
+def off(jobs):
+    return jobs["off"].report()
 
 
 @pytest.fixture(scope="module")
-def on(patched_engine, tiny_model):
-    return run_job(patched_engine, tiny_model, PB_GRAPH_BUCKETS="1", PB_ASYNC_BATCHING="1",
-                   PB_SWITCH_INTERVAL="500", PB_COMPILE_LEVEL="1")
+def on(jobs):
+    return jobs["on"].report()
 
 
 @pytest.fixture(scope="module")
-def causal(patched_engine, tiny_model):
-    """0270 alone: compile (0260) would trace sdpa once instead of calling it every step."""
-    return run_job(patched_engine, tiny_model, replies=True, PB_CAUSAL_PREFILL="1")
+def causal(jobs):
+    return jobs["causal"].report()
 
 
 def test_round_up_keeps_small_sizes_and_bounds_the_padding(patched_engine):
@@ -230,18 +235,15 @@ def test_a_lone_fresh_prompt_runs_causal_and_replies_as_with_the_mask(off, causa
     assert set(b["steps"]) <= {"causal", "not: one sequence", "not: nothing cached", "not: more than one query token"}
 
 
-def compile_job(engine, model, **knobs) -> dict:
-    return engine_job("compile_job.py", engine, model, **knobs)
-
-
 def test_compile_level_compiles_every_layer(patched_engine, tiny_model):
     """0260 raises dynamo's recompile limits in the thread that compiles: with 12 layers, upstream's
     default (8 entries a frame) is hit and the later layers run uncompiled; with the knob, none is
     hit. The compiled replies equal the eager ones either way."""
-    on = compile_job(patched_engine, tiny_model, PB_COMPILE_LEVEL="1")
+    with engine_jobs("compile_job.py", patched_engine, tiny_model,
+                     runs={"on": {"PB_COMPILE_LEVEL": "1"}, "off": {}}) as jobs:
+        on, off = jobs["on"].report(), jobs["off"].report()
     assert on["limit_hits"] == [] and on["compiled"] == on["eager"]
     assert len({tuple(r) for r in on["eager"]}) == 2  # two prompts, two different replies
-    off = compile_job(patched_engine, tiny_model)
     assert "recompile_limit" in off["limit_hits"] and off["compiled"] == off["eager"] == on["eager"]
 
 
@@ -269,8 +271,9 @@ def test_page_indices_write_upstreams_read_indices_every_step(patched_engine, ti
     few array operations, not a Python int per cached token; they must be upstream's, value for
     value, in every step of a batch whose contexts span several 16-token pages and end mid-page
     (prompts longer than a step's token budget, so some steps carry prompt chunks)."""
-    off = engine_job("page_indices_job.py", patched_engine, str(tiny_model), timeout=300)
-    on = engine_job("page_indices_job.py", patched_engine, str(tiny_model), timeout=300, PB_PAGE_INDICES="1")
+    with engine_jobs("page_indices_job.py", patched_engine, str(tiny_model), timeout=300,
+                     runs={"off": {}, "on": {"PB_PAGE_INDICES": "1"}}) as jobs:
+        off, on = jobs["off"].report(), jobs["on"].report()
     assert max(off["prompt_tokens"]) > 64 and min(off["prompt_tokens"]) < 16
     read = [sum(len(group) for group in step) for step in off["steps"]]
     assert len(off["steps"]) > 40 and max(read) > 200  # steps that read several pages of several requests

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_job, engine_module
+from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_jobs, engine_module
 
 PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up", "masked_greedy",
           "masked_sampled", "masked_alone")
@@ -23,9 +23,9 @@ PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone"
 @pytest.fixture(scope="module")
 def draft_runs(patched_engine, trained_model):
     env = {**ALL_ON, **INTERPRETER_ENV}
-    off = engine_job("draft_job.py", patched_engine, trained_model, "48", **env)
-    on = engine_job("draft_job.py", patched_engine, trained_model, "48", **env, PB_DRAFT_TOKENS="8")
-    return off, on
+    runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"}}
+    with engine_jobs("draft_job.py", patched_engine, trained_model, "48", runs=runs, **env) as jobs:
+        return jobs["off"].report(), jobs["on"].report()
 
 
 def test_drafted_replies_are_the_serial_replies(draft_runs):

@@ -8,25 +8,32 @@ encoding made without offsets raise instead of answering from zeros."""
 
 import pytest
 
-from .conftest import engine_job
+from .conftest import engine_jobs
 
 pytestmark = pytest.mark.engine
 
-
-@pytest.fixture(scope="module")
-def off(patched_engine, tiny_model):
-    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300)
+KNOBS = {"off": {}, "on": {"PB_FAST_ENCODE": "1"}, "split": {"PB_FAST_ENCODE": "1", "PB_SPLIT_ENCODE": "1"}}
 
 
 @pytest.fixture(scope="module")
-def on(patched_engine, tiny_model):
-    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300, PB_FAST_ENCODE="1")
+def jobs(patched_engine, tiny_model):
+    with engine_jobs("fast_encode_job.py", patched_engine, tiny_model, runs=KNOBS, timeout=300) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
-def split(patched_engine, tiny_model):
-    return engine_job("fast_encode_job.py", patched_engine, tiny_model, timeout=300, PB_FAST_ENCODE="1",
-                      PB_SPLIT_ENCODE="1")
+def off(jobs):
+    return jobs["off"].report()
+
+
+@pytest.fixture(scope="module")
+def on(jobs):
+    return jobs["on"].report()
+
+
+@pytest.fixture(scope="module")
+def split(jobs):
+    return jobs["split"].report()
 
 
 def test_ids_and_masks_equal_upstreams_every_way_the_tokenizer_is_called(off, on, split):

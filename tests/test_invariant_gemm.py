@@ -9,15 +9,18 @@ tests/test_kernels_gpu.py and the results windows."""
 
 import pytest
 
-from .conftest import engine_job
+from .conftest import engine_jobs
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def on(patched_engine, tiny_model):
-    return engine_job("invariant_gemm_job.py", patched_engine, tiny_model, timeout=1200, TRITON_INTERPRET="1",
-                      PB_INVARIANT_GEMM="1", PB_GEMM_TMA="1", PB_VARLEN_ATTENTION="1")
+    """The kernels' checks and the tiny model's, two jobs side by side."""
+    env = {"TRITON_INTERPRET": "1", "PB_INVARIANT_GEMM": "1", "PB_GEMM_TMA": "1", "PB_VARLEN_ATTENTION": "1"}
+    with engine_jobs("invariant_gemm_job.py", patched_engine, runs={"kernels": env}, timeout=1200) as kernels, \
+            engine_jobs("invariant_gemm_job.py", patched_engine, tiny_model, runs={"tiny": env}, timeout=1200) as tiny:
+        return {**kernels["kernels"].report(), "tiny": tiny["tiny"].report()["tiny"]}
 
 
 def test_products_match_float64_on_random_shapes(on):

@@ -5,23 +5,28 @@ run through upstream's own functions with the knob on and off, and give upstream
 
 import pytest
 
-from .conftest import engine_job
+from .conftest import engine_jobs
 
 pytestmark = pytest.mark.engine
 
-
-def run_job(engine, **knobs) -> dict:
-    return engine_job("step_prep_job.py", engine, timeout=300, **knobs)
-
-
-@pytest.fixture(scope="module")
-def off(patched_engine):
-    return run_job(patched_engine, PB_ASYNC_BATCHING="1")
+KNOBS = {"off": {"PB_ASYNC_BATCHING": "1"}, "on": {"PB_ASYNC_BATCHING": "1", "PB_STEP_PREP": "1"},
+         "without_async": {"PB_STEP_PREP": "1"}}
 
 
 @pytest.fixture(scope="module")
-def on(patched_engine):
-    return run_job(patched_engine, PB_ASYNC_BATCHING="1", PB_STEP_PREP="1")
+def jobs(patched_engine):
+    with engine_jobs("step_prep_job.py", patched_engine, runs=KNOBS, timeout=300) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def off(jobs):
+    return jobs["off"].report()
+
+
+@pytest.fixture(scope="module")
+def on(jobs):
+    return jobs["on"].report()
 
 
 def test_carry_over_ids_written_in_place_equal_upstreams_list(off, on):
@@ -42,8 +47,8 @@ def test_host_side_of_a_pair_never_fills_its_mask_when_on(off, on):
     assert on["host_reset"] == {"host_marked": True, "device_marked": False, "mask_filled": 0, "bulk_zeroed": 63}
 
 
-def test_host_side_is_left_unmarked_without_async_batching(patched_engine):
-    report = run_job(patched_engine, PB_STEP_PREP="1")
+def test_host_side_is_left_unmarked_without_async_batching(jobs):
+    report = jobs["without_async"].report()
     assert report["host_reset"]["host_marked"] is False and report["host_reset"]["mask_filled"] == 64
 
 

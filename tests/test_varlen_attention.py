@@ -8,7 +8,7 @@ On the GPU: tests/test_kernels_gpu.py."""
 
 import pytest
 
-from .conftest import engine_code, engine_job
+from .conftest import engine_code, engine_jobs
 
 pytestmark = pytest.mark.engine
 
@@ -17,11 +17,18 @@ KNOBS = {"0370": {}, "0400": {"PB_VARLEN_FAST": "1"},
          "0740+0750": {"PB_VARLEN_FAST": "1", "PB_SPLIT_DECODE": "1", "PB_CACHE_READ": "1"}}
 
 
+@pytest.fixture(scope="module")
+def jobs(patched_engine, tiny_model):
+    """The job of each knob set, started together (each keeps one core busy)."""
+    with engine_jobs("varlen_attention_job.py", patched_engine, tiny_model, runs=KNOBS, timeout=900,
+                     TRITON_INTERPRET="1", PB_VARLEN_ATTENTION="1") as started:
+        yield started
+
+
 @pytest.fixture(scope="module", params=list(KNOBS))
-def on(request, patched_engine, tiny_model):
+def on(request, jobs):
     knobs = KNOBS[request.param]
-    report = engine_job("varlen_attention_job.py", patched_engine, tiny_model, timeout=900, TRITON_INTERPRET="1",
-                        PB_VARLEN_ATTENTION="1", **knobs)
+    report = jobs[request.param].report()
     fast = "PB_VARLEN_FAST" in knobs
     assert report["fast"] is fast and report["descriptors"] is fast, report
     assert report["split_on"] is ("PB_SPLIT_DECODE" in knobs), report

@@ -230,6 +230,7 @@ def cache_read(model_dir: str) -> dict:
 
 def tiny_replies(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
@@ -242,11 +243,13 @@ def tiny_replies(model_dir: str) -> dict:
         calls.append(True)
         return real(*args, **kwargs)
 
+    cb = ContinuousBatchingConfig(num_blocks=16)  # upstream sizes the pool from free memory: seconds a run here
     varlen_attention._attend = counted
     replies = {}
     for name, enabled in (("upstream", False), ("kernel", True)):
         varlen_attention.ENABLED = enabled
-        outs = model.generate_batch(prompts, generation_config=config, progress_bar=False)
+        outs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb,
+                                    progress_bar=False)
         replies[name] = [outs[r].generated_tokens for r in sorted(outs)]
     varlen_attention._attend = real
     return {"equal": replies["upstream"] == replies["kernel"], "kernel_steps": sum(calls),

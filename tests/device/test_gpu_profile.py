@@ -19,7 +19,7 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     env["PYTHONPATH"] = f"{patched_engine.site}:{ROOT / 'src'}"
     cmd = [sys.executable, "-m", "patchbay.device", "profile", "--out", str(tmp_path), "--model", tiny_model,
            "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--setting", "eager",
-           "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2]}']
+           "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2], "num_blocks": 16}']
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "profile.json").read_text())
@@ -56,7 +56,7 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
                           text=True, timeout=120)
     assert proc.returncode != 0 and "expected NAME=DIR with DIR/profile.json" in proc.stderr
 
-    bad = cmd[:-2] + ["--setting", 'x={"knobs": {"PB_NOT_A_KNOB": 1}}']
+    bad = cmd[:-4] + ["--setting", 'x={"knobs": {"PB_NOT_A_KNOB": 1}}']  # without eager's passes first
     proc = subprocess.run(bad, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "PB_NOT_A_KNOB is not a knob of this build" in proc.stderr
     assert "Traceback" not in proc.stderr
