@@ -98,8 +98,8 @@ for label, rows in (("decode", 16), ("large", 128)):
          "BLOCK_N": tile.n, "BLOCK_K": 128, "PRECISION": "ieee"},
         pointers(fp8_gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_wn", "stride_om"], tile.warps, tile.stages,
         (tile.n, tile.m))
-    warps, stages = (4, 4) if rows <= 16 else (8, 3)
-    width = 64 if rows <= 16 else 128  # fused_moe._fp8_products' launch
+    moe_tile = invariant_gemm.fp8_tiles(rows)  # fused_moe._fp8_products' launch for blocks of `rows` pairs
+    width, warps, stages = moe_tile.n, moe_tile.warps, moe_tile.stages
     moe = {"SCALE_K": 128, "BM": rows, "BN": width, "BK": 128, "PRECISION": "ieee", "stride_sk": 1}
     report[f"fp8_moe_gate_up_{label}"] = compile_for_sm90(
         moe_kernels.pb_moe_gate_up_fp8, fp8_moe_sig, moe,

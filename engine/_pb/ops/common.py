@@ -31,6 +31,14 @@ def fp8_depth(scale_k: int, *starts: int) -> int | None:
     return None
 
 
+def dot_precision(x) -> str:
+    """tl.dot's input_precision for operands of x's dtype: IEEE float32 unless torch allows TF32
+    for matmuls (half-precision operands ignore it)."""
+    import torch
+
+    return "tf32" if x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, n - 1).bit_length()

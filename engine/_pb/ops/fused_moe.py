@@ -29,7 +29,7 @@ import torch
 
 from . import stable_launch
 from .. import knobs
-from .common import INTERPRET, fp8_depth, kernels, pow2
+from .common import INTERPRET, dot_precision, fp8_depth, kernels, pow2
 
 NAME = "pb_triton"
 BLOCK_M = 16
@@ -217,12 +217,15 @@ def _fp8_products(fp8: dict, x, w_gu, w_d, h, y, rows, block_expert, weights, to
     """0810: the gate/up and down kernels on float8 weights, each expanded with its block's scale
     (fp8_tiles.expanded_sum): `fp8` holds, for "gate_up" and "down", the scale grid [E, rows, cols],
     the grid row of each weight row, the model-wide column of the shard's first k, and the columns
-    a scale covers. The weight rows are the tensor core's 64-row side at every block size (64 or
-    128 a program, as in invariant_gemm.fp8_tiles), so a pair's bits do not depend on it."""
+    a scale covers. The weight rows a program sums, its warps and stages are the float8 GEMM's for
+    as many rows as a block holds (invariant_gemm.fp8_tiles): the tensor core's 64-row side at
+    every block size, so a pair's bits do not depend on it."""
+    from .invariant_gemm import fp8_tiles
+
     kernel = kernels("fused_moe")
     n_pairs, (hidden, inter), blocks = h.shape[0], w_d.shape[1:], block_expert.numel()
-    width, warps, stages = (64, 4, 4) if block_m <= 16 else (128, 8, 3)
-    precision = "tf32" if x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    t = fp8_tiles(block_m)
+    width, warps, stages, precision = t.n, t.warps, t.stages, dot_precision(x)
     grid, grid_rows, k_offset, scale_k = fp8["gate_up"]
     kernel.pb_moe_gate_up_fp8[(blocks, -(-inter // width))](
         x, w_gu, h, rows, block_expert, grid, grid_rows, n_pairs, top_k, hidden, inter, k_offset, x.stride(0),

@@ -42,7 +42,7 @@ import torch
 
 from .. import knobs
 from . import tma
-from .common import INTERPRET, TRITON, fp8_depth, kernels
+from .common import INTERPRET, TRITON, dot_precision, fp8_depth, kernels
 CHUNK_UNIT = 64  # a chunk's length is a multiple of this (and every launch's BLOCK_K divides it)
 LONG_K = 4096  # a weight's K is cut into chunks of at most this ...
 CHUNK_TILE_N = 32  # ... and into more when its columns, in tiles of this, ...
@@ -147,7 +147,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     chunks = -(-k // step)
     t = tiles(m, a.dtype, chunks > 1)
     tiles_m, tiles_n = -(-m // t.m), -(-n // t.n)
-    precision = _precision(a)
+    precision = dot_precision(a)
     bias_arg = out if bias is None else bias
     if chunks > 1 and m <= CHUNK_MAX_ROWS:
         parts = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device)
@@ -167,10 +167,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             out.stride(1), HAS_BIAS=bias is not None, CHUNKED=chunks > 1, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k,
             GROUP_M=GROUP_M, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
     return out
-
-
-def _precision(a: torch.Tensor) -> str:
-    return "tf32" if a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
 def _sum_parts(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, block_n: int) -> None:
@@ -226,7 +222,7 @@ def gemm_fp8(a: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, grid_row
     kernels("invariant_gemm").pb_gemm_fp8[(-(-n // t.n), -(-m // t.m), chunks if split else 1)](
         a, weight, grid, grid_rows, out if bias is None else bias, target, m, n, k, step, k_offset, a.stride(0),
         weight.stride(0), out.stride(0), out.stride(1), grid.stride(0), grid.stride(1), HAS_BIAS=bias is not None,
-        SPLIT=split, SCALE_K=scale_k, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=_precision(a),
+        SPLIT=split, SCALE_K=scale_k, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=dot_precision(a),
         num_warps=t.warps, num_stages=t.stages)
     if split:
         _sum_parts(target, bias, out, t.n)
