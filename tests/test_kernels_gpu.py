@@ -444,6 +444,35 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
             moe_one_path.restore()
 
 
+def test_moe_one_path_runs_float32_experts_at_every_step_size():
+    """A float32 checkpoint (synthetic:trained as CPU serving writes it) through 0220/0390's kernels:
+    the large steps' tiles fit a Hopper's shared memory in float32 too (W54: every prompt step
+    failed), a token's bits the same as alone, near grouped_mm."""
+    from transformers import Glm4MoeConfig
+    from transformers._pb.ops import fused_moe, moe_one_path
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    config = Glm4MoeConfig(hidden_size=256, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    experts = modeling().Glm4MoeExperts(config).cuda().float()
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.05)
+        experts.down_proj.normal_(0, 0.05)
+        x = torch.randn(2048, 256, device="cuda")
+        index = torch.rand(2048, 4, device="cuda").topk(2, dim=1).indices
+        weights = torch.rand(2048, 2, device="cuda")
+        moe_one_path.ENABLED = True
+        try:
+            alone = fused_moe.experts_forward(experts, x[:1], index[:1], weights[:1])
+            for tokens in (8, 256, 688, 2048):
+                got = fused_moe.experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                assert torch.equal(got[0], alone[0]), tokens
+                ref = grouped_mm_experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                assert (got - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+        finally:
+            moe_one_path.restore()
+
+
 @pytest.mark.parametrize("name", ["k_proj", "o_proj", "dense down"])
 def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name):
     """0810: the float8 GEMM with 128 x 128 block scales (Air's k_proj, o_proj and the dense MLP's

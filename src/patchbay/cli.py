@@ -121,6 +121,8 @@ def cmd_synth(args) -> int:
     from .runtime import config, synth, trained
 
     try:
+        if args.dtype and args.kind != "trained":
+            raise Fail(f"synth {args.kind}: --dtype is for trained (tiny is float32, air12/air24 bfloat16)", 2)
         if args.kind in ("tiny", "trained"):
             try:  # the one check of a context, the config's
                 config.Config(synth_context=args.context, source="synth --context")
@@ -130,7 +132,8 @@ def cmd_synth(args) -> int:
                 path = synth.write_tiny(Path(args.dir), seed=args.seed, context=args.context)
             else:
                 path = trained.write_trained(Path(args.dir), seed=args.seed, context=args.context,
-                                             log=lambda line: print(f"training: {line}", flush=True))
+                                             log=lambda line: print(f"training: {line}", flush=True),
+                                             dtype=args.dtype or "float32")
         else:
             import torch
 
@@ -238,6 +241,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, default=_default_context(),
                    help="tiny, trained: the context in tokens (default: the embedded default's, %(default)s)")
     s.add_argument("--device", default="cuda", help="where air12/air24 are built before saving (default: cuda)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="trained: the weights' dtype (default: float32, as CPU serving wants; GPUs serve bfloat16)")
     dv = verb("dev", cmd_dev, "check out the series as one commit per patch in build/dev")
     dv.add_argument("--force", action="store_true", help="recreate build/dev (it must be clean)")
     verb("export", cmd_export, "rewrite the patches from build/dev's commits, keeping headers")

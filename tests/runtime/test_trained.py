@@ -169,6 +169,21 @@ def test_write_trained_keeps_a_matching_checkpoint(trained_model):
     assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == before
 
 
+def test_write_trained_in_bfloat16_saves_the_shipped_weights_as_they_shipped(tmp_path):
+    """`synth trained --dtype bfloat16` (what a GPU serves): the shipped bf16 weights unchanged, a
+    marker of its own, so a float32 checkpoint of the same seed is not taken for it."""
+    from safetensors.torch import load_file
+
+    out = trained.write_trained(tmp_path / "bf16", seed=0, context=4096, dtype="bfloat16")
+    saved, shipped = load_file(out / "model.safetensors"), load_file(trained.SHIPPED / "model.safetensors")
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert set(saved) == set(shipped) and all(torch.equal(saved[k], shipped[k]) for k in shipped)
+    assert json.loads((out / synth.MARKER).read_text())["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        trained.write_trained(tmp_path / "f16", seed=0, context=4096, dtype="float16")
+
+
 def test_the_engine_serves_the_trained_model_copying(patched_engine, trained_model, tmp_path):
     """Served by the patched engine with the local knob set, a prompt that repeats the start of a
     passage gets transformers' own greedy reply, and that reply is the rest of the passage."""

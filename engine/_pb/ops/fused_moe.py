@@ -179,6 +179,10 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     if large and one_path:
         large_gu, large_d = moe_one_path.large_tiles((t_gu.bk, t_d.bk))
         block_m, t_gu, t_d = moe_one_path.BLOCK_M, Tiles(*large_gu), Tiles(*large_d)
+    if x.dtype == torch.float32 and not INTERPRET:
+        # float32 tiles hold twice the bytes: the large tiles' 3-4 stages would ask for more
+        # shared memory than a Hopper has (W54). Fewer loads in flight, the same sums.
+        t_gu, t_d = (t._replace(stages=min(t.stages, 2)) for t in (t_gu, t_d))
     descriptors = None
     if large and one_path and moe_one_path.TMA and fp8 is None:  # 0430: the experts' weights through TMA
         descriptors = moe_one_path.weight_descriptors(w_gu, w_d, (t_gu.bn, t_gu.bk), (t_d.bn, t_d.bk))

@@ -254,7 +254,7 @@ def main(argv: list[str]) -> int:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from ..measure import roofline
-    from ..runtime.synth import build_air12
+    from .servers import AIR12, MODELS, build_model
 
     p = argparse.ArgumentParser(prog="python -m patchbay.device profile")
     p.add_argument("--out", required=True)
@@ -266,6 +266,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile-tokens", type=int, default=24)
     p.add_argument("--prefill", type=int, default=0, help="also time a cold prompt of this many tokens (TTFT)")
     p.add_argument("--model", help="a checkpoint directory instead of air12 (a CPU smoke run takes the tiny one)")
+    p.add_argument("--synthetic", default=AIR12, choices=MODELS,
+                   help="without --model, what is built on the GPU (the FP8 ones want PB_FP8_WEIGHTS=1 in a "
+                   "setting's knobs)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,12 +283,12 @@ def main(argv: list[str]) -> int:
 
         model = AutoModelForCausalLM.from_pretrained(args.model, device_map="cuda" if cuda else "cpu").eval()
     else:
-        model = build_air12("cuda")
+        model = build_model(args.synthetic)
     config = model.config
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     if cuda:
         torch.cuda.synchronize()
-    print(f"{args.model or 'air12'} ready in {time.monotonic() - t0:.1f}s on {device_name}", flush=True)
+    print(f"{args.model or args.synthetic} ready in {time.monotonic() - t0:.1f}s on {device_name}", flush=True)
     prompt = [(1000 + 37 * i) % config.vocab_size for i in range(args.prompt_tokens)]
     try:
         from transformers._pb.knobs import build_info
@@ -295,7 +298,7 @@ def main(argv: list[str]) -> int:
         import transformers
 
         build = f"transformers-{transformers.__version__} (pristine)"
-    record = {"device": device_name, "torch": torch.__version__, "model": args.model or "synthetic:air12",
+    record = {"device": device_name, "torch": torch.__version__, "model": args.model or args.synthetic,
               "build": build, "settings": {}, "passes": []}
     (out / "command.txt").write_text("python -m patchbay.device profile " + shlex.join(argv) + "\n")
     default_experts = model.config._experts_implementation

@@ -175,8 +175,9 @@ def _save(model, tok, tmp: Path, marker: dict) -> None:
     (tmp / synth.MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def _install(shipped: Path, tmp: Path, context: int, marker: dict) -> None:
-    """The shipped checkpoint in float32 at `context`, its copy accuracy measured here."""
+def _install(shipped: Path, tmp: Path, context: int, marker: dict, dtype: str = "float32") -> None:
+    """The shipped checkpoint at `context`, its copy accuracy measured here in float32, saved in
+    `dtype` (float32, as CPU serving wants it, unless said)."""
     model = Glm4MoeForCausalLM.from_pretrained(shipped, dtype=torch.float32).eval()
     model.config.max_position_embeddings = context  # no weight depends on it
     stop = model.config.eos_token_id
@@ -186,36 +187,45 @@ def _install(shipped: Path, tmp: Path, context: int, marker: dict) -> None:
     record = json.loads((shipped / "training.json").read_text())
     figures = {k: record[k] for k in ("params", "steps", "final_loss", "train_seconds", "device") if k in record}
     accuracy = round(copy_accuracy(model, encode(tok, held_out_files())), 4)
-    _save(model, tok, tmp, {**marker, **figures, "copy_accuracy_held_out": accuracy})
+    _save(model.to(getattr(torch, dtype)), tok, tmp, {**marker, **figures, "copy_accuracy_held_out": accuracy})
+
+
+DTYPES = ("float32", "bfloat16")  # what write_trained saves: float32 for CPU serving, bfloat16 as GPUs serve
 
 
 def write_trained(out_dir: str | os.PathLike, seed: int = 0, context: int = synth.TINY_CONTEXT,
-                  recipe: Recipe | None = None, shipped: str | os.PathLike = SHIPPED, log=None) -> Path:
+                  recipe: Recipe | None = None, shipped: str | os.PathLike = SHIPPED, log=None,
+                  dtype: str = "float32") -> Path:
     """`synthetic:trained` for `seed` into `out_dir` (its path): the shipped checkpoint where it is
     of that seed and no recipe is given, else trained here on the CPU (`recipe`, CPU_RECIPE unless
     given). A checkpoint already there from the same source, seed and context is kept; another
-    trained checkpoint there is replaced; any other non-empty folder is refused (it may hold user files)."""
+    trained checkpoint there is replaced; any other non-empty folder is refused (it may hold user files).
+    `dtype` (one of DTYPES) is what the weights are saved in."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     out, shipped = Path(out_dir), Path(shipped)
+    saved_as = {} if dtype == "float32" else {"dtype": dtype}  # float32 markers predate the choice
     marker = read_marker(out)
     synth._check_target(out, ours=marker is not None)
     record = shipped_record(shipped) if recipe is None else None
     if record is not None and record.get("seed") == seed:
         digest = hashlib.sha256((shipped / "model.safetensors").read_bytes()).hexdigest()
-        want = _marker(seed, context, {"source": "shipped", "weights_sha256": digest})
+        want = _marker(seed, context, {"source": "shipped", "weights_sha256": digest, **saved_as})
         if marker is not None and all(marker.get(k) == v for k, v in want.items()):
             return out
-        return synth._write_checkpoint(out, lambda tmp: _install(shipped, tmp, context, want))
+        return synth._write_checkpoint(out, lambda tmp: _install(shipped, tmp, context, want, dtype))
     recipe = CPU_RECIPE if recipe is None else recipe
     files = training_files()
     want = _marker(seed, context, {"source": "cpu", "corpus_sha256": corpus_sha256(files),
                                    "tokenizer_corpus_sha256": synth.corpus_texts()[1],
-                                   "recipe": dataclasses.asdict(recipe), "torch": torch.__version__})
+                                   "recipe": dataclasses.asdict(recipe), "torch": torch.__version__, **saved_as})
     if marker is not None and all(marker.get(k) == v for k, v in want.items()):
         return out
 
     def save(tmp: Path) -> None:
         model, tok, stats = train(seed, context, recipe, files, log=log)
         stats.pop("history")
-        _save(model, tok, tmp, {**want, "params": sum(p.numel() for p in model.parameters()), **stats})
+        params = sum(p.numel() for p in model.parameters())
+        _save(model.to(getattr(torch, dtype)), tok, tmp, {**want, "params": params, **stats})
 
     return synth._write_checkpoint(out, save)
