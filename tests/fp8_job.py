@@ -77,4 +77,7 @@ with torch.no_grad():
         out["max_abs"] = max(out["max_abs"], (a - b).abs().max().item())
         out["max_logit"] = max(out.get("max_logit", 0.0), b.abs().max().item())
 out["kernel_calls"] = calls
+# 0310 with 0810: attentions and MLPs whose FP8 layers were stacked as one float8 weight
+out["fp8_stacked"] = sum((getattr(m, name, None) or (None,) * 5)[4] is not None
+                         for m in model.modules() for name in ("pb_qkv", "pb_gate_up"))
 print(json.dumps(out))

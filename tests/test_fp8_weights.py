@@ -102,11 +102,13 @@ def test_engine_expansion_matches_the_writer_and_reads_a_shard_by_its_global_ind
 
 
 def test_knob_serves_the_checkpoint_in_fp8_as_its_dequantized_twin(patched_engine, trained_fp8):
-    """With the knob, the weights load as e4m3 and the logits equal the twin's bit for bit; without
-    it, upstream dequantizes at load on a CPU, to the same logits."""
-    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, PB_FP8_WEIGHTS="1", **INTERPRETER_ENV)
+    """With the knob, the weights load as e4m3 and the logits equal the twin's bit for bit (0310's
+    stacked FP8 layers, where no kernel runs their product, run one by one); without it, upstream
+    dequantizes at load on a CPU, to the same logits."""
+    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, PB_FP8_WEIGHTS="1", PB_FUSED_PROJ="1",
+                    **INTERPRETER_ENV)
     assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["experts_dtype"] == "torch.float8_e4m3fn", on
-    assert on["equal"] == [True, True, True], on
+    assert on["equal"] == [True, True, True] and on["fp8_stacked"] == 8, on
     off = engine_job("fp8_job.py", patched_engine, *trained_fp8, **INTERPRETER_ENV)
     assert off["linear_dtype"] == "torch.float32" and off["equal"] == [True, True, True], off
 
@@ -227,10 +229,14 @@ def test_gemm_expands_fp8_tiles_to_the_expanded_weights_sums(patched_engine):
 def test_kernels_expand_fp8_tiles_to_the_twins_sums(patched_engine, trained_fp8):
     """With 0380's GEMM and 0220's experts kernels (under Triton's interpreter), the FP8 model reads
     float8 tiles in 0810's kernels, and its logits are the twin's under the bf16 kernels to the
-    rounding of sums taken in another order (the transposed tiles)."""
-    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, timeout=1800, PB_FP8_WEIGHTS="1", **KERNELS)
+    rounding of sums taken in another order (the transposed tiles). As in production, 0310 stacks
+    each attention's q/k/v and each MLP's gate/up (4 + 4 here) into one float8 GEMM: k_proj's 64
+    rows, half a block, read the scale row after q_proj's two."""
+    on = engine_job("fp8_job.py", patched_engine, *trained_fp8, timeout=1800, PB_FP8_WEIGHTS="1",
+                    PB_FUSED_PROJ="1", **KERNELS)
     assert on["linear_dtype"] == "torch.float8_e4m3fn" and on["max_abs"] <= 1e-4 * on["max_logit"], on
     assert on["kernel_calls"]["gemm_fp8"] > 0 and on["kernel_calls"]["moe_fp8"] > 0, on
+    assert on["fp8_stacked"] == 8, on
 
 
 def test_quantized_in_memory_is_the_checkpoint_loaded(patched_engine, trained_model, trained_fp8):

@@ -20,9 +20,9 @@ KWARGS = (tp, fused_moe)
 # at_load(): swap in a forward or an operation before the weights load, knob read here
 AT_LOAD = (fused_router, fused_rope, fused_norm, moe_combine, moe_gate, varlen_attention, invariant_gemm,
            moe_one_path, stable_launch, fp8_weights)
-# after_load(model): rearrange the loaded weights (0310), compile kernels on dummy steps (0450) or index
-# FP8 shards (0810)
-AFTER_LOAD = (fused_proj, stable_launch, fp8_weights)
+# after_load(model): index FP8 weights and shards (0810; 0310 stacks FP8 layers by that index), rearrange
+# the loaded weights (0310), compile kernels on dummy steps (0450)
+AFTER_LOAD = (fp8_weights, fused_proj, stable_launch)
 
 
 def before(model_kwargs: dict) -> dict:

@@ -14,8 +14,11 @@ Under tensor parallelism these projections are column shards (DTensors split alo
 `ColwiseParallel`). With PB_FUSED_PROJ_TP on too (0340), each rank fuses its own rows: the local
 shards are concatenated, the layers' parameters become DTensors of views of them, and a step
 runs what the layers' own inference path runs, one local GEMM on the replicated input, giving
-this rank's heads and columns. Without it, and for other layers (quantized ones, other
-shardings), the layers are left as they are. The fused GEMM sums each
+this rank's heads and columns. FP8 layers served by 0810 (whole, not shards) are stacked as one
+float8 weight with one scale grid, each row reading its own layer's scales
+(fp8_weights.fuse_rows), and run 0810's float8 GEMM; where that GEMM does not run (no kernels
+for the input) the layers run one by one. Other layers (other quantizations, other shardings)
+are left as they are. The fused GEMM sums each
 output element over the same inputs, but the BLAS library may pick another kernel or split of
 the sum for the wider matrix, so the bits can change. `after_load(model)` is the hook, called
 once after the model's weights are loaded; the forwards check the fused weights an attribute
@@ -89,6 +92,13 @@ def _fuse(module: nn.Module, names: tuple, attr: str) -> bool:
     linears = [getattr(module, name, None) for name in names]
     if getattr(module, attr, None) is not None:
         return False
+    from . import fp8_weights
+
+    fp8 = fp8_weights.fuse_rows(linears)  # 0810: FP8 layers, one float8 weight
+    if fp8 is not None:
+        setattr(module, attr, (None, None, [layer.weight.shape[0] for layer in linears], False, fp8))
+        FUSED.add(module)
+        return True
     if _plain(linears):
         weights, biases, shards = [layer.weight for layer in linears], [layer.bias for layer in linears], False
     else:
@@ -107,7 +117,7 @@ def _fuse(module: nn.Module, names: tuple, attr: str) -> bool:
             if bias is not None:
                 _keep_as_view(layer, "bias", bias[rows], shards)
             start += size
-    setattr(module, attr, (weight, bias, sizes, shards))
+    setattr(module, attr, (weight, bias, sizes, shards, None))
     FUSED.add(module)
     return True
 
@@ -133,7 +143,7 @@ def after_load(model: nn.Module) -> None:
         return
     from ...models.glm4_moe.modeling_glm4_moe import Glm4MoeAttention, Glm4MoeMLP
 
-    attention = mlps = skipped = shards = 0
+    attention = mlps = skipped = shards = fp8 = 0
     for module in model.modules():
         if isinstance(module, Glm4MoeAttention):
             fused = _fuse(module, QKV, "pb_qkv")
@@ -144,10 +154,13 @@ def after_load(model: nn.Module) -> None:
         else:
             continue
         skipped += not fused
-        shards += fused and (getattr(module, "pb_qkv", None) or getattr(module, "pb_gate_up"))[3]
+        done = getattr(module, "pb_qkv", None) or getattr(module, "pb_gate_up", None)
+        shards += fused and done[3]
+        fp8 += fused and done[4] is not None
     local = f", {shards} of them tensor-parallel column shards fused on this rank's rows" if shards else ""
+    local += f", {fp8} of them FP8 layers stacked as one float8 weight (0810)" if fp8 else ""
     sys.stderr.write(f"patchbay: PB_FUSED_PROJ: fused q/k/v in {attention} attention layers and gate/up in {mlps} "
-                     f"MLPs{local} ({skipped} left as they are: neither plain Linear layers nor tensor-parallel "
+                     f"MLPs{local} ({skipped} left as they are: neither plain Linear nor FP8 layers nor tensor-parallel "
                      f"column shards)\n")
 
 
@@ -164,23 +177,35 @@ def _usable(fused, x: torch.Tensor) -> bool:
     return fused is not None and (not fused[3] or (type(x) is torch.Tensor and not torch.is_grad_enabled()))
 
 
+def _product(fused, x: torch.Tensor) -> torch.Tensor | None:
+    """x times the fused weight (None: run the layers one by one)."""
+    if not _usable(fused, x):
+        return None
+    weight, bias, _, _, fp8 = fused
+    if fp8 is not None:
+        from . import fp8_weights
+
+        return fp8_weights.fused_product(x, fp8)
+    return F.linear(x, weight, bias)
+
+
 def qkv(attn: nn.Module, hidden_states: torch.Tensor, hidden_shape: tuple):
     """The attention's query, key and value states, shaped [..., heads, head_dim] (this rank's
     heads under tensor parallelism)."""
     fused = getattr(attn, "pb_qkv", None)
-    if not _usable(fused, hidden_states):
+    out = _product(fused, hidden_states)
+    if out is None:
         return (attn.q_proj(hidden_states).view(hidden_shape), attn.k_proj(hidden_states).view(hidden_shape),
                 attn.v_proj(hidden_states).view(hidden_shape))
-    weight, bias, sizes, _ = fused
-    q, k, v = F.linear(hidden_states, weight, bias).split(sizes, dim=-1)
+    q, k, v = out.split(fused[2], dim=-1)
     return q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
 
 
 def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Glm4MoeMLP's output: down(act(gate(x)) * up(x))."""
     fused = getattr(module, "pb_gate_up", None)
-    if not _usable(fused, x):
+    out = _product(fused, x)
+    if out is None:
         return module.down_proj(module.act_fn(module.gate_proj(x)) * module.up_proj(x))
-    weight, bias, sizes, _ = fused
-    gate, up = F.linear(x, weight, bias).split(sizes, dim=-1)
+    gate, up = out.split(fused[2], dim=-1)
     return module.down_proj(module.act_fn(gate) * up)
