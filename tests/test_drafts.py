@@ -99,6 +99,29 @@ def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(pa
     assert admitted(None, PB_DRAFT_TOKENS=0) is None
 
 
+def test_a_cuda_device_does_not_draft_unless_the_investigation_switch_says_so(patched_engine, monkeypatch):
+    """W54: drafted replies differed from serial ones on an H100, so a processor on a CUDA device
+    gets no drafting (a CPU one does) unless PATCHBAY_DRAFTS_ON_GPU=1."""
+    from types import SimpleNamespace
+
+    import torch
+
+    drafts = engine_module(patched_engine, "runtime.drafts")
+
+    def attached(device: str, sync: bool = True):
+        processor = SimpleNamespace(use_async_batching=not sync, model_device=torch.device(device),
+                                    scheduler=SimpleNamespace(), do_sample=False, return_logprobs=False,
+                                    logit_processor=SimpleNamespace(do_processing=False))
+        drafts.attach(processor)
+        return processor.scheduler._pb_drafting
+
+    monkeypatch.delenv(drafts.GPU_OVERRIDE, raising=False)
+    assert attached("cpu") is not None and attached("cpu", sync=False) is None
+    assert attached("cuda") is None
+    monkeypatch.setenv(drafts.GPU_OVERRIDE, "1")
+    assert attached("cuda") is not None
+
+
 def test_a_verify_step_reads_each_rows_prefix(patched_engine):
     """The scheduler's cache budget for a drafting step counts each row's own prefix: past,
     past + 1, ..., past + drafts; a batch hinted at n requests gets rows for their drafts."""
