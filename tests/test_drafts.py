@@ -100,7 +100,7 @@ def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(pa
 
 
 def test_a_cuda_device_does_not_draft_unless_the_investigation_switch_says_so(patched_engine, monkeypatch):
-    """W54: drafted replies differed from serial ones on an H100, so a processor on a CUDA device
+    """W54: a drafting server's replies differed from the production server's on an H100, so a processor on a CUDA device
     gets no drafting (a CPU one does) unless PATCHBAY_DRAFTS_ON_GPU=1."""
     from types import SimpleNamespace
 

@@ -25,8 +25,9 @@ needs the last step's tokens before it is prepared: with the knob set at start, 
 batching (0240) is not chosen, and under asynchronous batching nothing drafts.
 
 On a CUDA device nothing drafts (and batching stays as it would be) unless GPU_OVERRIDE is set:
-W54 found drafted replies there differing from serial ones, and a grammar mismatch followed by a
-device-side assert under JSON traffic; the CPU path keeps drafted == serial (tests/test_drafts.py).
+W54 found a drafting server's replies there differing from the production server's (synchronous
+batching or drafting: not yet told apart), and a grammar mismatch followed by a device-side assert
+under JSON traffic; the CPU path keeps drafted == serial (tests/test_drafts.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from .draft_lookup import Lookup
 LONGEST, SHORTEST = 4, 2  # the n-gram sizes looked up (W48: 4..2 beat 3..1 on sampled prose)
 PROMPT_SLICE = 4096  # prompt tokens a step files in a request's lookup (a 32K prompt: 35 ms at once)
 
-# W54: on an H100 drafted replies differed from serial ones (greedy 1 of 8 equal) and JSON traffic at
+# W54: on an H100 a drafting server's replies differed from the production server's (synchronous with
+# drafts against asynchronous without: greedy 1 of 8 equal) and JSON traffic at
 # C8 hit a grammar mismatch and then a device-side assert. Until the cause is found and fixed, a
 # CUDA device does not draft; this variable (not a knob) lets an investigation draft there anyway.
 GPU_OVERRIDE = "PATCHBAY_DRAFTS_ON_GPU"
@@ -91,7 +93,7 @@ def attach(processor) -> None:
         drafting = False
         if requested() > 0:
             sys.stderr.write("patchbay: PB_DRAFT_TOKENS: drafting is off on CUDA devices (W54: drafted replies "
-                             f"differed from serial ones there); {GPU_OVERRIDE}=1 drafts anyway\n")
+                             f"differed from the production server's there); {GPU_OVERRIDE}=1 drafts anyway\n")
     processor.scheduler._pb_drafting = Drafting(
         not processor.do_sample and not processor.return_logprobs and not processor.logit_processor.do_processing
     ) if drafting else None
