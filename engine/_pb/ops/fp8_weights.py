@@ -184,53 +184,49 @@ def linear_forward(self, input: torch.Tensor) -> torch.Tensor:
     return F.linear(input, w, bias)
 
 
-def fuse_rows(linears: list):
-    """0310 on FP8 layers: FP8Linear layers that read one input (q/k/v, gate/up) as one float8
-    weight, their rows stacked, and one scale grid, theirs stacked, each row reading its own
-    layer's scales (`grid_rows` shifted by the scale rows above it: GLM-4.5-Air's dense gate ends
-    half way through a block, so the up rows start a block of their own). The layers keep views
-    of the stacked weight and grid. Returns (weight, grid, grid_rows, k_offset, scale_k, bias), or
-    None where the layers are not whole (not tensor-parallel shards) FP8Linear layers with blocks
-    found at load that agree on their columns."""
+def stackable(linears: list) -> bool:
+    """Whether 0310 may stack these FP8Linear layers (q/k/v, gate/up) as one float8 weight: whole
+    layers (not tensor-parallel shards) in float8 on one device, all with or all without bias,
+    whose blocks after_load found and agree on their columns."""
     if not ENABLED or len(linears) < 2 or not all(type(layer).__name__ == "FP8Linear" for layer in linears):
-        return None
+        return False
     weights = [layer.weight for layer in linears]
     blocks = [layer.__dict__.get("_pb_fp8_blocks", {}).get("weight") for layer in linears]
-    if (any(b is None for b in blocks) or any(hasattr(p, "placements") for layer in linears for p in
-                                              (layer.weight, layer.weight_scale_inv))
-            or len({(b[1], b[2]) for b in blocks}) != 1 or blocks[0][1] is None
-            or len({(w.dtype, w.device, w.shape[-1]) for w in weights}) != 1
-            or weights[0].dtype != torch.float8_e4m3fn or weights[0].dim() != 2
-            or len({layer.bias is None for layer in linears}) != 1
-            or len({layer.weight_scale_inv.shape[-1] for layer in linears}) != 1):
-        return None
+    return not (any(b is None for b in blocks)
+                or any(hasattr(p, "placements") for layer in linears for p in (layer.weight, layer.weight_scale_inv))
+                or len({(b[1], b[2]) for b in blocks}) != 1 or blocks[0][1] is None
+                or len({(w.dtype, w.device, w.shape[-1]) for w in weights}) != 1
+                or weights[0].dtype != torch.float8_e4m3fn or weights[0].dim() != 2
+                or len({layer.bias is None for layer in linears}) != 1
+                or len({layer.weight_scale_inv.shape[-1] for layer in linears}) != 1)
+
+
+def stack_scales(linears: list) -> tuple:
+    """The scale grids of layers 0310 stacks (`stackable`) as one grid, the layers keeping views of
+    it, and each stacked row's grid row: a layer's own, shifted by the grid rows above it
+    (GLM-4.5-Air's dense gate ends half way through a block, so the up rows start a block of their
+    own). Returns (grid, grid_rows, k_offset, scale_k), what fused_product reads."""
     grids = [layer.weight_scale_inv for layer in linears]
+    blocks = [_blocks(layer, "weight") for layer in linears]
     with torch.no_grad():
-        weight, grid = torch.cat(weights, dim=0), torch.cat(grids, dim=0)
-        bias = None if linears[0].bias is None else torch.cat([layer.bias for layer in linears], dim=0)
-        shifts, rows = [], 0
-        for g in grids:
-            shifts.append(rows)
-            rows += g.shape[0]
-        grid_rows = torch.cat([b[0] + shift for b, shift in zip(blocks, shifts)])
-        row = 0
-        for layer, w, g, shift in zip(linears, weights, grids, shifts):  # the originals become views
-            layer.weight.data = weight[row:row + w.shape[0]]
+        grid = torch.cat(grids, dim=0)
+        shift, grid_rows = 0, []
+        for layer, g, (rows, _, _) in zip(linears, grids, blocks):
             layer.weight_scale_inv.data = grid[shift:shift + g.shape[0]]
-            if bias is not None:
-                layer.bias.data = bias[row:row + w.shape[0]]
-            row += w.shape[0]
-    return weight, grid, grid_rows, blocks[0][1], blocks[0][2], bias
+            grid_rows.append(rows + shift)
+            shift += g.shape[0]
+    return grid, torch.cat(grid_rows), blocks[0][1], blocks[0][2]
 
 
-def fused_product(x: torch.Tensor, fused) -> torch.Tensor | None:
-    """x times fuse_rows' weight through the float8 GEMM; None where it does not run (no kernels
-    for x, or no depth fits): the caller runs the layers one by one."""
+def fused_product(x: torch.Tensor, weight: torch.Tensor, bias, scales: tuple) -> torch.Tensor | None:
+    """x times 0310's stacked float8 weight through the float8 GEMM (`scales` from stack_scales);
+    None where it does not run (no kernels for x, or no depth fits): the caller runs the layers
+    one by one."""
     if not _kernels(x):
         return None
     from . import invariant_gemm
 
-    weight, grid, grid_rows, k_offset, scale_k, bias = fused
+    grid, grid_rows, k_offset, scale_k = scales
     bias = None if bias is None else bias.to(x.dtype)
     out = invariant_gemm.gemm_fp8(x.reshape(-1, x.shape[-1]), weight, grid, grid_rows, k_offset, scale_k, bias)
     return None if out is None else out.view(*x.shape[:-1], weight.shape[0])

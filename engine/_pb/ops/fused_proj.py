@@ -15,8 +15,8 @@ Under tensor parallelism these projections are column shards (DTensors split alo
 shards are concatenated, the layers' parameters become DTensors of views of them, and a step
 runs what the layers' own inference path runs, one local GEMM on the replicated input, giving
 this rank's heads and columns. FP8 layers served by 0810 (whole, not shards) are stacked as one
-float8 weight with one scale grid, each row reading its own layer's scales
-(fp8_weights.fuse_rows), and run 0810's float8 GEMM; where that GEMM does not run (no kernels
+float8 weight, their scale grids as one grid, each row reading its own layer's scales
+(fp8_weights.stack_scales), and run 0810's float8 GEMM; where that GEMM does not run (no kernels
 for the input) the layers run one by one. Other layers (other quantizations, other shardings)
 are left as they are. The fused GEMM sums each
 output element over the same inputs, but the BLAS library may pick another kernel or split of
@@ -94,12 +94,8 @@ def _fuse(module: nn.Module, names: tuple, attr: str) -> bool:
         return False
     from . import fp8_weights
 
-    fp8 = fp8_weights.fuse_rows(linears)  # 0810: FP8 layers, one float8 weight
-    if fp8 is not None:
-        setattr(module, attr, (None, None, [layer.weight.shape[0] for layer in linears], False, fp8))
-        FUSED.add(module)
-        return True
-    if _plain(linears):
+    fp8 = fp8_weights.stackable(linears)  # 0810: FP8 layers, stacked with their scale grids
+    if fp8 or _plain(linears):
         weights, biases, shards = [layer.weight for layer in linears], [layer.bias for layer in linears], False
     else:
         local = _column_shards(linears) if shards_on() else None
@@ -117,7 +113,8 @@ def _fuse(module: nn.Module, names: tuple, attr: str) -> bool:
             if bias is not None:
                 _keep_as_view(layer, "bias", bias[rows], shards)
             start += size
-    setattr(module, attr, (weight, bias, sizes, shards, None))
+    scales = fp8_weights.stack_scales(linears) if fp8 else None
+    setattr(module, attr, (weight, bias, sizes, shards, scales))
     FUSED.add(module)
     return True
 
@@ -181,11 +178,11 @@ def _product(fused, x: torch.Tensor) -> torch.Tensor | None:
     """x times the fused weight (None: run the layers one by one)."""
     if not _usable(fused, x):
         return None
-    weight, bias, _, _, fp8 = fused
-    if fp8 is not None:
+    weight, bias, _, _, scales = fused
+    if scales is not None:
         from . import fp8_weights
 
-        return fp8_weights.fused_product(x, fp8)
+        return fp8_weights.fused_product(x, weight, bias, scales)
     return F.linear(x, weight, bias)
 
 

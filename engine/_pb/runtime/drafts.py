@@ -44,10 +44,7 @@ from .draft_lookup import Lookup
 LONGEST, SHORTEST = 4, 2  # the n-gram sizes looked up (W48: 4..2 beat 3..1 on sampled prose)
 PROMPT_SLICE = 4096  # prompt tokens a step files in a request's lookup (a 32K prompt: 35 ms at once)
 
-# W54: on an H100 a drafting server's replies differed from the production server's (synchronous with
-# drafts against asynchronous without: greedy 1 of 8 equal) and JSON traffic at
-# C8 hit a grammar mismatch and then a device-side assert. Until the cause is found and fixed, a
-# CUDA device does not draft; this variable (not a knob) lets an investigation draft there anyway.
+# Not a knob: drafts on a CUDA device anyway, for the investigation of W54 (see the docstring).
 GPU_OVERRIDE = "PATCHBAY_DRAFTS_ON_GPU"
 
 
