@@ -9,9 +9,10 @@ continuous batching:
 - thinking under a budget, then JSON under a grammar: masked rows, greedy and sampled.
 
 It records each reply, how many steps the engine ran, and what drafting steps drafted and kept.
-Prints one JSON line."""
+DRAFT_JOB_PHASES (comma-separated) runs only those phases. Prints one JSON line."""
 
 import json
+import os
 import sys
 
 import torch
@@ -23,8 +24,8 @@ from transformers.generation.continuous_batching.input_outputs import Continuous
 from patchbay.measure.draft import prompts as edit_prompts
 
 model_dir, max_new = sys.argv[1], int(sys.argv[2])
-counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0}
-prepare, update = ContinuousBatchingIOs.prepare_batch_tensors, drafts.update
+counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0, "held_when_drafting": 0}
+prepare, update, extend = ContinuousBatchingIOs.prepare_batch_tensors, drafts.update, drafts.extend
 
 
 def counting_prepare(self, *args, **kwargs):
@@ -44,8 +45,17 @@ def counting_update(processor, future_state, *args):
     return out
 
 
+def counting_extend(scheduler, state, *args):
+    tokens = extend(scheduler, state, *args)
+    if drafts.drafts_of(state):  # the most requests the scheduler held when one drafted (0820)
+        held = len(scheduler.active_requests) + len(scheduler.waiting_requests)
+        counts["held_when_drafting"] = max(counts["held_when_drafting"], held)
+    return tokens
+
+
 ContinuousBatchingIOs.prepare_batch_tensors = counting_prepare
 drafts.update = counting_update
+drafts.extend = counting_extend
 
 tok = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -155,6 +165,8 @@ for phase, run in (("greedy_together", lambda: greedy(asked)),
                    ("masked_greedy", lambda: masked(range(3), False)),
                    ("masked_sampled", lambda: masked(range(3), True)),
                    ("masked_alone", lambda: [masked([i], True)[0] for i in range(3)])):
+    if os.environ.get("DRAFT_JOB_PHASES") and phase not in os.environ["DRAFT_JOB_PHASES"].split(","):
+        continue
     out[phase] = run()
     out["counts"][phase] = dict(counts)
     counts.update(dict.fromkeys(counts, 0))

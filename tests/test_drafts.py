@@ -23,9 +23,11 @@ PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone"
 @pytest.fixture(scope="module")
 def draft_runs(patched_engine, trained_model):
     env = {**ALL_ON, **INTERPRETER_ENV}
-    runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"}}
+    runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"},
+            "streams": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2",
+                        "DRAFT_JOB_PHASES": "greedy_together,greedy_alone"}}
     with engine_jobs("draft_job.py", patched_engine, trained_model, "48", runs=runs, **env) as jobs:
-        return jobs["off"].report(), jobs["on"].report()
+        return jobs["off"].report(), jobs["on"].report(), jobs["streams"].report()
 
 
 def test_drafted_replies_are_the_serial_replies(draft_runs):
@@ -34,7 +36,7 @@ def test_drafted_replies_are_the_serial_replies(draft_runs):
     drafted); requests that think under a 12-token budget and then write JSON under a grammar
     (masked rows, `</think>` forced): every reply with drafts is the reply without, token for
     token."""
-    off, on = draft_runs
+    off, on, _ = draft_runs
     for phase in PHASES:
         assert on[phase] == off[phase], phase
     assert off["greedy_together"] == off["greedy_alone"] and off["sampled_together"] == off["sampled_alone"]
@@ -48,13 +50,26 @@ def test_drafted_replies_are_the_serial_replies(draft_runs):
 def test_drafting_keeps_drafts_and_takes_fewer_steps(draft_runs):
     """With the knob, every phase verified drafts and kept some; a lone greedy request took at most
     two thirds of the steps; unset, nothing drafted."""
-    off, on = draft_runs
+    off, on, _ = draft_runs
     for phase in PHASES:
         assert off["counts"][phase]["verify_steps"] == 0, phase
         counts = on["counts"][phase]
         assert counts["verify_steps"] > 0 and 0 < counts["kept"] <= counts["drafted"], (phase, counts)
         assert counts["rows"] > off["counts"][phase]["rows"], (phase, counts)
     assert on["counts"]["greedy_alone"]["steps"] * 3 <= off["counts"]["greedy_alone"]["steps"] * 2, on["counts"]
+
+
+def test_past_the_stream_limit_nothing_drafts(draft_runs):
+    """0820 PB_DRAFT_STREAMS=2: while the scheduler holds three requests nothing drafts (without the
+    limit, requests drafted with three held), each prompt alone drafts as without the limit, and
+    every reply is the serial one."""
+    off, on, streams = draft_runs
+    assert on["counts"]["greedy_together"]["held_when_drafting"] == 3, on["counts"]
+    assert streams["counts"]["greedy_together"]["held_when_drafting"] <= 2, streams["counts"]
+    assert streams["counts"]["greedy_together"]["verify_steps"] < on["counts"]["greedy_together"]["verify_steps"]
+    assert streams["counts"]["greedy_alone"] == on["counts"]["greedy_alone"], streams["counts"]
+    for phase in ("greedy_together", "greedy_alone"):
+        assert streams[phase] == off[phase], phase
 
 
 def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(patched_engine, grammar, tok):
@@ -99,27 +114,24 @@ def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(pa
     assert admitted(None, PB_DRAFT_TOKENS=0) is None
 
 
-def test_a_cuda_device_does_not_draft_unless_the_investigation_switch_says_so(patched_engine, monkeypatch):
-    """W54: a drafting server's replies differed from the production server's on an H100, so a processor on a CUDA device
-    gets no drafting (a CPU one does) unless PATCHBAY_DRAFTS_ON_GPU=1."""
+def test_only_a_synchronous_processor_drafts(patched_engine):
+    """A drafting step needs the last step's tokens before it is prepared: a processor batching
+    asynchronously (0240) gets no drafting, a synchronous one does, on any device."""
     from types import SimpleNamespace
 
     import torch
 
     drafts = engine_module(patched_engine, "runtime.drafts")
 
-    def attached(device: str, sync: bool = True):
+    def attached(device: str, sync: bool):
         processor = SimpleNamespace(use_async_batching=not sync, model_device=torch.device(device),
                                     scheduler=SimpleNamespace(), do_sample=False, return_logprobs=False,
                                     logit_processor=SimpleNamespace(do_processing=False))
         drafts.attach(processor)
         return processor.scheduler._pb_drafting
 
-    monkeypatch.delenv(drafts.GPU_OVERRIDE, raising=False)
-    assert attached("cpu") is not None and attached("cpu", sync=False) is None
-    assert attached("cuda") is None
-    monkeypatch.setenv(drafts.GPU_OVERRIDE, "1")
-    assert attached("cuda") is not None
+    assert attached("cpu", sync=True) is not None and attached("cpu", sync=False) is None
+    assert attached("cuda", sync=True) is not None and attached("cuda", sync=False) is None
 
 
 def test_a_verify_step_reads_each_rows_prefix(patched_engine):

@@ -24,28 +24,20 @@ rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses)
 needs the last step's tokens before it is prepared: with the knob set at start, asynchronous
 batching (0240) is not chosen, and under asynchronous batching nothing drafts.
 
-On a CUDA device nothing drafts (and batching stays as it would be) unless GPU_OVERRIDE is set:
-W54 found a drafting server's replies there differing from the production server's (synchronous
-batching or drafting: not yet told apart), and a grammar mismatch followed by a device-side assert
-under JSON traffic; the CPU path keeps drafted == serial (tests/test_drafts.py).
+A drafting row's mask reaches xgrammar as a [1, words] bitmask: its GPU kernel reads a 1-D mask's
+stride as the row width and would keep only the first 32 token ids (W54's mismatch on an H100: the
+rows of requests under 0150's thinking budget, W55 found and fixed it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
-
-import torch
 
 from .. import knobs
 from .draft_lookup import Lookup
 
 LONGEST, SHORTEST = 4, 2  # the n-gram sizes looked up (W48: 4..2 beat 3..1 on sampled prose)
 PROMPT_SLICE = 4096  # prompt tokens a step files in a request's lookup (a 32K prompt: 35 ms at once)
-
-# Not a knob: drafts on a CUDA device anyway, for the investigation of W54 (see the docstring).
-GPU_OVERRIDE = "PATCHBAY_DRAFTS_ON_GPU"
 
 
 def requested() -> int:
@@ -54,10 +46,7 @@ def requested() -> int:
 
 
 def decide(cb_config) -> None:
-    """Before upstream's (and 0240's) choice: synchronous batching when the server drafts (not
-    where a CUDA device is, which does not draft: attach)."""
-    if torch.cuda.is_available() and os.environ.get(GPU_OVERRIDE) != "1":
-        return
+    """Before upstream's (and 0240's) choice: synchronous batching when the server drafts."""
     if requested() > 0 and cb_config.use_async_batching is None:
         cb_config.use_async_batching = False
 
@@ -78,19 +67,9 @@ class Drafting:
         self.accepted = 0  # of them, kept
 
 
-def torch_device_type(device) -> str:
-    return getattr(device, "type", None) or str(device).split(":")[0]
-
-
 def attach(processor) -> None:
-    """At the processor's start: drafting for synchronous batching only, and not on a CUDA device
-    (GPU_OVERRIDE)."""
+    """At the processor's start: drafting for synchronous batching only."""
     drafting = not processor.use_async_batching
-    if drafting and torch_device_type(processor.model_device) == "cuda" and os.environ.get(GPU_OVERRIDE) != "1":
-        drafting = False
-        if requested() > 0:
-            sys.stderr.write("patchbay: PB_DRAFT_TOKENS: drafting is off on CUDA devices (W54: drafted replies "
-                             f"differed from the production server's there); {GPU_OVERRIDE}=1 drafts anyway\n")
     processor.scheduler._pb_drafting = Drafting(
         not processor.do_sample and not processor.return_logprobs and not processor.logit_processor.do_processing
     ) if drafting else None
@@ -142,7 +121,9 @@ class _RowMask:
             return scores
         import xgrammar as xgr
 
-        xgr.apply_token_bitmask_inplace(scores.view(1, -1), self.bits.to(scores.device))
+        # as [1, words]: xgrammar's GPU kernel takes a 1-D mask's row stride (1) for its width and
+        # reads only the first word, every later token -inf (W55: the cause of W54's mismatch)
+        xgr.apply_token_bitmask_inplace(scores.view(1, -1), self.bits.view(1, -1).to(scores.device))
         return scores
 
 
@@ -189,6 +170,9 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
     limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
     if (drafting is None or limit <= 0 or state.status != RequestStatus.DECODING or len(request_tokens) != 1
             or (needs_greedy and not drafting.batch_greedy) or scheduler.cache.read_cache_limit is not None):
+        return request_tokens
+    streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)  # 0820: no drafts past this many requests held
+    if streams and len(scheduler.active_requests) + len(scheduler.waiting_requests) > streams:
         return request_tokens
     walk = state.__dict__.get("_pb_walk")
     if walk is None:
