@@ -28,7 +28,7 @@ from patchbay.measure import exact
 from patchbay.runtime import launch
 from patchbay.series import build
 
-from .conftest import ALL_ON, LOCAL, engine_environ, engine_job, free_port
+from .conftest import ALL_ON, INTERPRETER_ENV, LOCAL, engine_environ, engine_job, free_port
 from .runtime.test_launch import assert_one_line_error, patchbay, write_config
 
 pytestmark = pytest.mark.engine
@@ -147,6 +147,59 @@ def test_rank0s_per_request_choices_reach_every_rank(tp_server, patched_engine, 
         one.stop()
 
 
+def test_tp2_drafts_alike_on_every_rank_and_replies_as_without_drafts(patched_engine, trained_model, tmp_path):
+    """0800 and 0820 under tensor parallel: every rank must draft the same tokens for the same
+    requests in the same steps (the drafts come from each rank's copy of the reply, the limit from
+    each rank's scheduler, which rank 0's step payloads keep alike), or the ranks' batches differ
+    and their collectives hang. synthetic:trained, edit prompts: greedy and seeded sampled replies
+    with drafts are those without (`pb_knobs` turning drafting off); three requests at once (past
+    PB_DRAFT_STREAMS=2) reply as alone; /metrics counts kept drafts."""
+    import inspect
+    import textwrap
+
+    from .test_drafts import EDIT
+
+    knobs = {**TP_KNOBS, "PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2"}
+    cfg = dataclasses.replace(tp_config(tmp_path / "run"), knobs=knobs)
+    files = launch.RunFiles(cfg.run_path)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in INTERPRETER_ENV.items():  # rows' bits do not depend on the rows beside them
+            mp.setenv(name, value)
+        launch.start(cfg, patched_engine, trained_model, files, progress=lambda *_: None)
+    try:
+        sources = [EDIT + textwrap.dedent(inspect.getsource(f)) for f in (textwrap.dedent, textwrap.indent,
+                                                                          inspect.cleandoc)]
+
+        def reply(source: str, drafts: bool, **sampling) -> str:
+            body = {"model": trained_model, "messages": [{"role": "user", "content": source}], "max_tokens": 40,
+                    "ignore_eos": True, **sampling}
+            if not drafts:
+                body["pb_knobs"] = {"PB_DRAFT_TOKENS": 0}
+            r = httpx.post(f"{cfg.url}/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            message = r.json()["choices"][0]["message"]
+            return (message.get("reasoning_content") or "") + "|" + (message["content"] or "")
+
+        def kept() -> float:
+            metrics = httpx.get(f"{cfg.url}/metrics", timeout=30).text
+            return float(next((line.split()[1] for line in metrics.splitlines()
+                               if line.startswith("pb_draft_accepted_total ")), "-1"))
+
+        for sampling in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 5}):
+            plain = reply(sources[0], False, **sampling)
+            before = kept()
+            assert reply(sources[0], True, **sampling) == plain, sampling
+            assert kept() > before >= 0
+        alone = [reply(source, False, temperature=0) for source in sources]
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda source: reply(source, True, temperature=0), sources))
+        assert together == alone
+        ranks = launch.rank_states(files)
+        assert len(ranks) == 2 and all(r["alive"] for r in ranks.values()), ranks
+    finally:
+        launch.stop(files)
+
+
 def test_tp2_streams_through_rank0_and_follower_has_no_port(tp_server):
     files = launch.RunFiles(tp_server.run_path)
     info = launch.running(files)
@@ -256,6 +309,8 @@ def test_a_malformed_step_payload_is_refused_and_the_follower_exits(patched_engi
 def test_wire_encodings_rebuild_rank0s_objects_and_refuse_the_rest(patched_engine):
     result = engine_job("tp_wire_job.py", patched_engine, "codec", PB_TENSOR_PARALLEL="1")
     assert result["states_equal"] == [True, True] and result["cancelled"] == ["req_3"], result
+    assert result["drafts"] == [[6, False], []], result  # 0800: what a request may draft crosses with it
+    assert "pb_draft must be [drafts 1-16" in result["step_refusals"]["draft too many"]
     assert result["gen_equal"] and result["cb_equal"] and result["none_cb"], result
     for group in ("step_refusals", "config_refusals", "encode_refusals"):
         accepted = [name for name, message in result[group].items() if message == "ACCEPTED"]

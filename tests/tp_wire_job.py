@@ -33,6 +33,13 @@ def states() -> list:
                          num_children=1, record_timestamps=True)]
 
 
+def states_drafting() -> list:
+    """states(), the first with what 0800's admit notes on a request that may draft."""
+    sent = states()
+    sent[0]._pb_draft = (6, False)
+    return sent
+
+
 def fields(state) -> dict:
     """Every field of a state but its clock, as JSON data."""
     out = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name != "created_time"}
@@ -61,7 +68,7 @@ def header(**changes) -> bytes:
 
 
 def codec() -> dict:
-    sent = states()
+    sent = states_drafting()
     head, ids = tp_wire.encode_step(sent, ["req_3"])
     got, cancelled = tp_wire.decode_step(head, list(ids))
     gen = GenerationConfig(max_new_tokens=77, temperature=0.7, do_sample=True, eos_token_id=[2, 5],
@@ -76,6 +83,7 @@ def codec() -> dict:
     good_configs = json.loads(tp_wire.encode_configs(gen, cb))
     return {
         "states_equal": [fields(a) == fields(b) for a, b in zip(sent, got)],
+        "drafts": [list(getattr(state, "_pb_draft", ())) for state in got],
         "cancelled": cancelled,
         "header_is_json": isinstance(json.loads(head), dict),
         "gen_equal": gen2.to_dict() | {"compile_config": None} == gen.to_dict() | {"compile_config": None}
@@ -95,6 +103,9 @@ def codec() -> dict:
             "too few ids": refusal(tp_wire.decode_step, header(tokens=2), [1]),
             "too many ids": refusal(tp_wire.decode_step, header(), [1, 2]),
             "cancel": refusal(tp_wire.decode_step, json.dumps({"new": [], "cancel": [3]}).encode(), []),
+            "draft too many": refusal(tp_wire.decode_step, header(pb_draft=[99, False]), [1]),
+            "draft not a pair": refusal(tp_wire.decode_step, header(pb_draft={"most": 4}), [1]),
+            "draft bool for int": refusal(tp_wire.decode_step, header(pb_draft=[True, True]), [1]),
         },
         "config_refusals": {
             "pickle": refusal(tp_wire.decode_configs, pickle.dumps((gen, cb))),

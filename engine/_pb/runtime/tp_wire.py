@@ -21,6 +21,9 @@ REQUEST_FIELDS = ("request_id", "initial_tokens", "streaming", "record_timestamp
                   "eos_token_id", "num_children", "logit_processor_kwargs")
 # Set by a new state for itself (the clock): not sent, not compared.
 LOCAL_FIELDS = ("created_time",)
+# 0800: what a request may draft (drafts.admit on rank 0, from its pb_knobs): [most, needs the
+# batch's argmax], sent where set; a follower that lacked it would build other batches than rank 0
+DRAFT_KEY, MAX_DRAFT = "pb_draft", 16
 STEP_KEYS = ("new", "cancel")
 CONFIG_KEYS = ("generation_config", "generation_compile_config", "cb_config")
 MAX_HEADER_BYTES = 1 << 28  # bounds on the sizes read off the wire, checked before allocating for them
@@ -186,6 +189,9 @@ def encode_step(new_states, cancellations) -> tuple[bytes, array.array]:
                                 "which the other ranks would not rebuild")
         entry = _plain({k: v for k, v in args.items() if k != "initial_tokens"}, f"request {state.request_id}")
         entry["tokens"] = len(state.initial_tokens)
+        draft = state.__dict__.get("_pb_draft")
+        if draft is not None:
+            entry[DRAFT_KEY] = [int(draft[0]), bool(draft[1])]
         requests.append(entry)
         tokens.extend(state.initial_tokens)
     try:
@@ -212,17 +218,27 @@ def decode_step(header: bytes, tokens):
         where = f"{what}: request {i}"
         if not isinstance(entry, dict):
             raise WireError(f"{where} is not an object")
+        draft = entry.pop(DRAFT_KEY, None)
         _keys(entry, [k for k in REQUEST_FIELDS if k != "initial_tokens"] + ["tokens"], where)
         count = entry.pop("tokens")
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= len(tokens) - start:
             raise WireError(f"{where}: tokens={count!r:.40} does not fit the {len(tokens)} token ids sent")
         args = {name: _typed(entry[name], hints[name], f"{where}.{name}") for name in entry}
         states.append(RequestState(initial_tokens=tokens[start:start + count], **args))
+        if draft is not None:
+            states[-1]._pb_draft = _draft(draft, f"{where}.{DRAFT_KEY}")
         start += count
     if start != len(tokens):
         raise WireError(f"{what}: {len(tokens) - start} token ids sent beyond the requests' own")
     cancellations = [_typed(v, str, f"{what}: cancel[{i}]") for i, v in enumerate(obj["cancel"])]
     return states, cancellations
+
+
+def _draft(value, where: str) -> tuple[int, bool]:
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int) or isinstance(value[0], bool)
+            or not 0 < value[0] <= MAX_DRAFT or not isinstance(value[1], bool)):
+        raise WireError(f"{where} must be [drafts 1-{MAX_DRAFT}, true or false], not {value!r:.60}")
+    return value[0], value[1]
 
 
 def broadcast(helper, payload):
