@@ -108,15 +108,20 @@ def append_raw(window: Path, records: list[dict]) -> None:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
 
 
+def read_text(path: Path) -> str:
+    """A window file's text: `path`, or `path`.gz where a committed window keeps a large one
+    compressed (so the tree stays small enough to carry to the device); OSError with neither."""
+    packed = path.with_name(path.name + ".gz")
+    if not path.is_file() and packed.is_file():
+        return gzip.decompress(packed.read_bytes()).decode()
+    return path.read_text()
+
+
 def read_raw(window: Path) -> list[dict]:
-    """A window's records: raw.jsonl, or raw.jsonl.gz where a committed window keeps a large one
-    compressed (so the tree stays small enough to carry to the device); [] where it has neither."""
-    path, packed = window / "raw.jsonl", window / "raw.jsonl.gz"
-    if path.is_file():
-        text = path.read_text()
-    elif packed.is_file():
-        text = gzip.decompress(packed.read_bytes()).decode()
-    else:
+    """A window's records: raw.jsonl (or raw.jsonl.gz, read_text); [] where it has neither."""
+    try:
+        text = read_text(window / "raw.jsonl")
+    except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

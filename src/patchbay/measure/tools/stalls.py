@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from patchbay.measure.tools import record
-from patchbay.measure.windows import read_raw
+from patchbay.measure.windows import read_raw, read_text
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ def arm_ports(config: dict) -> dict[int, str]:
 def server_events(folder: Path, ports: dict[int, str]) -> dict[str, list[Event]]:
     """Each arm's rank-0 events (a server's start line names its --port)."""
     out: dict[str, list[Event]] = {}
-    for path in sorted(folder.glob("ev-*-r0.tsv")):
-        events = read_events(path.read_text())
+    for path in sorted({p.with_name(p.name.removesuffix(".gz")) for p in folder.glob("ev-*-r0.tsv*")}):
+        events = read_events(read_text(path))  # ev-*.tsv.gz in a committed window
         start = next((e for e in events if e.kind == "start"), None)
         port = re.search(r"--port[ =](\d+)", start.name) if start else None
         arm = ports.get(int(port.group(1))) if port else None

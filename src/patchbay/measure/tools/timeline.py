@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchbay.measure.tools import record
+from patchbay.measure.windows import read_text
 
 # (label, the hooked call, which end of it: 0 its start, 1 its end)
 MARKS = [("HTTP in: the handler starts", "chat_completion.ChatCompletionHandler.handle_request", 0),
@@ -96,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="write the table here (and a command.txt line beside it)")
     args = p.parse_args(argv)
     try:
-        calls = read_hook((args.folder / "hook.tsv").read_text())
-        requests = read_requests((args.folder / "client-times.tsv").read_text())
+        calls = read_hook(read_text(args.folder / "hook.tsv"))  # or hook.tsv.gz in a committed window
+        requests = read_requests(read_text(args.folder / "client-times.tsv"))
     except OSError as e:
         print(f"timeline: {e}", file=sys.stderr)
         return 2
