@@ -86,9 +86,15 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child still answers kill(0); it is not serving.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.is_file() and stat.read_text().split(")")[-1].split()[0] == "Z")
+    # A zombie child still answers kill(0); it is not serving. One reaped between the two looks
+    # has no /proc entry any more: gone.
+    if not Path("/proc/self/stat").is_file():  # no /proc here: kill(0) is all there is to go by
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def _exit_record(path: Path) -> dict | None:

@@ -49,10 +49,13 @@ def init_repo(path: Path) -> None:
 def worktree_tree(path: Path, prefix: str | None = None) -> str:
     """The git tree id of the working copy as it is now (ignored files included),
     computed through a scratch index so the repo's own index is left untouched."""
-    index = path / ".git" / "patchbay-scratch-index" if (path / ".git").is_dir() else None
+    # one scratch index a process: two patchbay commands on one repository at once (a test run
+    # beside a build) would otherwise meet at the same index's lock file
+    name = f"patchbay-scratch-index-{os.getpid()}"
+    index = path / ".git" / name if (path / ".git").is_dir() else None
     if index is None:
         gitdir = git(["rev-parse", "--absolute-git-dir"], path).stdout.strip()
-        index = Path(gitdir) / "patchbay-scratch-index"
+        index = Path(gitdir) / name
     env = {"GIT_INDEX_FILE": str(index)}
     try:
         git(["add", "-A", "-f", "."], path, env=env)
