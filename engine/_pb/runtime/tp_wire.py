@@ -23,7 +23,7 @@ REQUEST_FIELDS = ("request_id", "initial_tokens", "streaming", "record_timestamp
 LOCAL_FIELDS = ("created_time",)
 # 0800: what a request may draft (drafts.admit on rank 0, from its pb_knobs): [most, needs the
 # batch's argmax], sent where set; a follower that lacked it would build other batches than rank 0
-DRAFT_KEY, MAX_DRAFT = "pb_draft", 16
+DRAFT_KEY = "pb_draft"
 STEP_KEYS = ("new", "cancel")
 CONFIG_KEYS = ("generation_config", "generation_compile_config", "cb_config")
 MAX_HEADER_BYTES = 1 << 28  # bounds on the sizes read off the wire, checked before allocating for them
@@ -235,9 +235,12 @@ def decode_step(header: bytes, tokens):
 
 
 def _draft(value, where: str) -> tuple[int, bool]:
+    from .. import knobs
+
+    most = knobs.registry()["PB_DRAFT_TOKENS"]["max"]  # the knob's own bound, from its patch header
     if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int) or isinstance(value[0], bool)
-            or not 0 < value[0] <= MAX_DRAFT or not isinstance(value[1], bool)):
-        raise WireError(f"{where} must be [drafts 1-{MAX_DRAFT}, true or false], not {value!r:.60}")
+            or not 0 < value[0] <= most or not isinstance(value[1], bool)):
+        raise WireError(f"{where} must be [drafts 1-{most}, true or false], not {value!r:.60}")
     return value[0], value[1]
 
 
