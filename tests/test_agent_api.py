@@ -265,9 +265,33 @@ def test_stop_logprobs_and_penalties(agent):
     assert text_of(chat(agent, max_tokens=5, logit_bias=bias)) != text_of(chat(agent, max_tokens=5))
 
 
+# Characters JSON leaves raw that str.splitlines (and httpx's iter_lines) ends a line on.
+LINE_ENDS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def sse_json(value) -> str:
+    """What a streamed chunk's JSON must be: json.dumps's compact text, non-ASCII as it is, except
+    the three characters a line reader splits on, escaped."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(LINE_ENDS)
+
+
+def test_line_separators_in_a_reply_do_not_cut_its_stream(agent):
+    """A reply holding U+2028, U+2029 and U+0085: read with httpx's iter_lines (which splits where
+    str.splitlines does) every data line is whole JSON, and the streamed text is the reply's."""
+    text = "one\u2028two\u2029three\x85four and \u2028"
+    body = {"model": agent.model, "messages": USER, "max_tokens": 40, "stream": True, **forced(text)}
+    with httpx.stream("POST", f"{agent.url}/v1/chat/completions", json=body, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    chunks = [json.loads(line[len("data: "):]) for line in lines]  # a cut line would not parse
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == text
+    assert all(not set(line) & {"\x85", "\u2028", "\u2029"} for line in lines), lines
+    streamed = chat(agent, max_tokens=40, stream=True, extra_body=forced(text))  # the openai client alike
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
 def test_streamed_logprobs_chunks_are_json_dumps_bytes_and_the_unstreamed_entries(agent):
     """A stream's chunks are put together from pieces serialized once (the repeated fields once a
-    stream, a token's entry once a tokenizer): each must still be the very text json.dumps
+    stream, a token's entry once a tokenizer): each must still be the very text sse_json
     writes of what it parses to, and its entries those of the same seeded reply unstreamed.
     The bias pulls in tokens whose text needs escaping or is not ASCII."""
     tok = tokenizer(agent.model)
@@ -281,7 +305,7 @@ def test_streamed_logprobs_chunks_are_json_dumps_bytes_and_the_unstreamed_entrie
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     chunks = [json.loads(line[len("data: "):]) for line in lines]
     for line, chunk in zip(lines[:-1], chunks):  # the last one is the fingerprint's own re-dump
-        assert line[len("data: "):] == json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+        assert line[len("data: "):] == sse_json(chunk)
     streamed = [e for c in chunks if c["choices"] for e in (c["choices"][0].get("logprobs") or {}).get("content", [])]
     entries = whole["choices"][0]["logprobs"]["content"]
     assert streamed == entries and len(entries) == whole["usage"]["completion_tokens"] == 24
@@ -303,7 +327,8 @@ for tok in (AutoTokenizer.from_pretrained(sys.argv[1]), padded_tokenizer(151_552
         text = tok.decode([i])
         utf8 = list(text.encode("utf-8"))
         if (t.text, t.utf8, t.head + "-1.5" + t.tail + "}") != (text, utf8, json.dumps(
-                {"token": text, "logprob": -1.5, "bytes": utf8}, ensure_ascii=False, separators=(",", ":"))):
+                {"token": text, "logprob": -1.5, "bytes": utf8}, ensure_ascii=False, separators=(",", ":"),
+        ).translate({0x85: "\\\\u0085", 0x2028: "\\\\u2028", 0x2029: "\\\\u2029"})):
             bad.append(i)
 print(json.dumps({"bad": bad[:10], "checked": len(tok)}))
 """
@@ -312,7 +337,7 @@ print(json.dumps({"bad": bad[:10], "checked": len(tok)}))
 def test_every_token_entry_is_the_tokenizers_decode_in_json(patched_engine, tiny_model):
     """reply.token_text decodes an id straight from the Rust tokenizer and writes its JSON pieces
     by hand: for every id of the tiny model's tokenizer and of air12's padded one, the text is
-    tokenizer.decode([id]) and the pieces make json.dumps's entry."""
+    tokenizer.decode([id]) and the pieces make json.dumps's entry (line separators escaped)."""
     proc = engine_code(TOKEN_PIECES.replace("sys.argv[1]", repr(str(tiny_model))), patched_engine, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -119,6 +119,18 @@ def test_echo_puts_the_prompt_first(server_on):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == PROMPT + plain
 
 
+def test_an_echoed_line_separator_does_not_cut_the_stream(server_on):
+    """U+2028, U+2029 and U+0085 echoed from the prompt: httpx's iter_lines splits where
+    str.splitlines does, and still every data line is whole JSON holding the prompt."""
+    prompt = "a\u2028b\u2029c\x85d"
+    with httpx.stream("POST", f"{server_on.url}/v1/completions", timeout=120,
+                      json={"model": server_on.model, "prompt": prompt, "max_tokens": 2, "echo": True,
+                            "temperature": 0, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    chunks = [json.loads(line[len("data: "):]) for line in lines]  # a cut line would not parse
+    assert chunks[0]["choices"][0]["text"] == prompt
+
+
 def test_a_list_of_prompts_and_token_id_prompts(server_on):
     prompts = [PROMPT, "import os", "class A:"]
     alone = [complete(server_on, prompt=p, temperature=0).choices[0].text for p in prompts]

@@ -317,7 +317,7 @@ async def _run(cb, body, request_id, model_id, choices, opts, gen_config):
 
 
 def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {reply.dumps(obj)}\n\n"
 
 
 class _Ids:

@@ -63,9 +63,21 @@ def _decode_one(tokenizer, token: int) -> str:
     return rust.decode([token], skip_special_tokens=False)
 
 
+# Characters JSON leaves raw that line readers following str.splitlines (httpx's iter_lines, for
+# one) take for line ends: raw, they cut an SSE data line in two for those clients. They can only
+# stand inside JSON strings, where their escapes mean the same text.
+_LINE_ENDS = (("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
 def dumps(value) -> str:
-    """JSON as a streamed chunk writes it: compact, non-ASCII as it is."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """JSON as a streamed chunk writes it: compact, non-ASCII as it is except the three
+    characters a line reader could split on (_LINE_ENDS), which are escaped."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii():
+        for raw, escaped in _LINE_ENDS:
+            if raw in text:
+                text = text.replace(raw, escaped)
+    return text
 
 
 _WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # what json.dumps writes for these
