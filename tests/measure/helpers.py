@@ -1,10 +1,13 @@
 """Running a snippet in a fresh interpreter with patchbay's hook site first on PYTHONPATH (the hooks
-patch torch, triton and logging process-wide, so they are not installed into the test process)."""
+patch torch, triton and logging process-wide, so they are not installed into the test process);
+what a window's plot must be."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from PIL import Image
 
 from patchbay import ROOT
 from patchbay.measure.tools import hooks
@@ -20,3 +23,11 @@ def run_with_hooks(code: str, cwd: Path, *paths: Path, timeout: float = 120, **e
                           env={**base, "PYTHONPATH": pythonpath, **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def is_png(path) -> bool:
+    """A palette PNG (plots.save) that is not one colour: a plot was drawn."""
+    if not (path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"):
+        return False
+    with Image.open(path) as picture:
+        return picture.mode == "P" and 2 < len(picture.getcolors(256) or []) <= 64

@@ -12,6 +12,8 @@ from patchbay import ROOT
 from patchbay.measure import agent, agent_report, agent_run, verbs, windows
 from patchbay.measure.prompts import Prompt
 
+from .helpers import is_png
+
 
 def chars_count(prompt: Prompt) -> int:
     """A stand-in tokenizer: three characters a token, the tools' JSON counted too."""
@@ -172,7 +174,7 @@ def test_the_window_has_its_tables_and_plots(tmp_path):
     assert "| json/free | A | 0.500 [0.500, 0.500]" in text and "turn by turn" in text
     assert "lowered" in text
     for name in ("aggregate.png", "ratios.png"):
-        assert (window / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert is_png(window / name)
 
 
 # ---- the command line ------------------------------------------------------------------------

@@ -12,14 +12,12 @@ import pytest
 from patchbay import ROOT, cli
 from patchbay.measure import bench, prompts, stats, windows
 
+from .helpers import is_png
+
 
 def patchbay(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "patchbay", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def is_png(path) -> bool:
-    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- statistics ------------------------------------------------------------------------------
