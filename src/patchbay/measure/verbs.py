@@ -513,7 +513,7 @@ def add_verbs(verb) -> None:
     sk.add_argument("--pid", type=int, help="the server process whose RSS is read (instead of --run-dir)")
     sk.add_argument("--model", help="model id (default: the first one /v1/models lists)")
     sk.add_argument("--clients", type=int, default=d.clients, help="concurrent clients (default: %(default)s)")
-    sk.add_argument("--duration", default="10m", help="how long: 45s, 10m, 2h (default: %(default)s)")
+    sk.add_argument("--duration", default="10m", help="how long: 45s, 10m, 2h; a bare number is minutes (default: %(default)s)")
     sk.add_argument("--mix", metavar="FAMILY=W,...", help="send only the families named, with these weights "
                     f"(default: {','.join(f'{k}={v}' for k, v in soak_plan.DEFAULT_MIX.items())})")
     sk.add_argument("--no-bad", action="store_true", help="no malformed requests (the default mix, or --mix's, with bad=0)")
