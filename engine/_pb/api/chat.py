@@ -13,7 +13,7 @@ from . import (choices, errors, fingerprint, forced, glm_parser, grammar, limits
                shapes, sse, stream_interval, thinking, vllm_fields)
 from ..runtime import graphs, sampler
 from .context import max_model_len
-from .reply import Reply, dumps as _dumps, parses
+from .reply import PROMPT_TAIL, Reply, dumps as _dumps, parses
 from .. import knobs
 
 
@@ -269,8 +269,8 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
     offload = None
     if body.get("stream") and n == 1 and reply_process.on():  # 0720: the per-token work in a process of its own
         offload = await reply_process.open_stream(request_id, tokenizer, spec, reply_process.Opening(
-            input_ids, body.get("tools"), parses(model), padded, stops, eos, gen_config.max_new_tokens,
-            model_id, created, where))
+            input_ids[-PROMPT_TAIL:], len(input_ids), body.get("tools"), parses(model), padded, stops, eos,
+            gen_config.max_new_tokens, model_id, created, where))
     group = choices.Choices(
         gen_manager._cb, request_id, n, spec,
         lambda rid, s: Reply(rid, tokenizer, input_ids, body.get("tools"), model, gen_config.max_new_tokens,

@@ -93,6 +93,9 @@ def _entry(token: _Token, logprob: float) -> dict:
     return {"token": token.text, "logprob": logprob, "bytes": token.utf8}
 
 
+PROMPT_TAIL = 8  # the prompt's last ids a reply reads: does the prompt open a thinking block?
+
+
 def parses(model) -> bool:
     return bool(knobs.get("PB_GLM_PARSER")) and getattr(model.config, "model_type", None) in GLM_TYPES
 
@@ -101,17 +104,19 @@ class Reply:
     """One request's generation: tokens in, parser events out."""
 
     def __init__(self, request_id: str, tokenizer, input_ids: list[int], tools, model, max_new_tokens,
-                 spec=None, stops=(), eos=None, padded=False, parse: bool | None = None):
-        """`parse`: whether the GLM parser reads the reply (by default: `parses(model)`)."""
+                 spec=None, stops=(), eos=None, padded=False, parse: bool | None = None, prompt_len: int | None = None):
+        """`parse`: whether the GLM parser reads the reply (by default: `parses(model)`). Only the
+        prompt's last PROMPT_TAIL ids are read: `input_ids` may be those, with `prompt_len` the
+        prompt's length."""
         from tokenizers.decoders import DecodeStream
 
         self.request_id = request_id
         self.tokenizer = tokenizer
         self.rust = tokenizer._tokenizer
-        self.prompt_len = len(input_ids)
+        self.prompt_len = len(input_ids) if prompt_len is None else prompt_len
         self.max_new_tokens = max_new_tokens
         self.decoder = DecodeStream([], skip_special_tokens=False)
-        prompt_tail = tokenizer.decode(input_ids[-8:]) if input_ids else ""
+        prompt_tail = tokenizer.decode(input_ids[-PROMPT_TAIL:]) if input_ids else ""
         opens_thinking = prompt_tail.rstrip().endswith(glm_parser.THINK)
         self.tools, self.opens_thinking, self.padded = tools, opens_thinking, padded
         self.parser = (glm_parser.GlmParser(tools, in_reasoning=opens_thinking, padded=padded)

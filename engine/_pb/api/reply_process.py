@@ -56,9 +56,13 @@ def on() -> bool:
 
 
 class Opening(NamedTuple):
-    """What the reply process needs to render a stream (Reply's and _Chunks' arguments)."""
+    """What the reply process needs to render a stream (Reply's and _Chunks' arguments). Of the
+    prompt only its length and last ids go over: a 32K-token prompt's ids took 4 ms of the event
+    loop to write as JSON, a turn of a resent conversation (the 32K turn's admission 12.9 -> 7.0 ms
+    on a 2-core CPU)."""
 
-    input_ids: list
+    prompt_tail: list  # the prompt's last reply.PROMPT_TAIL ids
+    prompt_len: int
     tools: object
     parse: bool
     padded: bool
@@ -270,9 +274,9 @@ class _Rendering:
                                     {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
         vllm_fields.use_taken(fields)
         spec = Spec(logprobs=True, top_logprobs=logprobs[1]) if logprobs[0] else None
-        self.reply = Reply(self.request_id, tokenizer, opening.input_ids, opening.tools, None,
+        self.reply = Reply(self.request_id, tokenizer, opening.prompt_tail, opening.tools, None,
                            opening.max_new_tokens, spec=spec, stops=opening.stops, eos=opening.eos,
-                           padded=opening.padded, parse=opening.parse)
+                           padded=opening.padded, parse=opening.parse, prompt_len=opening.prompt_len)
         self.chunk = chat._Chunks(self.request_id, opening.model_id, opening.created)
         self.where = opening.where
         self.tokens: list[int] = []

@@ -130,7 +130,9 @@ def _pieces(text: str, at: list[int]) -> list[str]:
 
 
 def _encode(backend, pieces: list[str]) -> list:
-    """Each piece's encoding without special tokens, on the pool's threads."""
+    """Each piece's encoding without special tokens, on the pool's threads (one piece here)."""
+    if len(pieces) == 1:  # a resent text's new piece: a thread's round trip costs more than it saves
+        return backend.encode_batch_fast(pieces, add_special_tokens=False)
     pool = _pool()
     jobs = [pool.submit(backend.encode_batch_fast, [piece], add_special_tokens=False) for piece in pieces]
     return [job.result()[0] for job in jobs]
