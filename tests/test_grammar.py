@@ -118,3 +118,34 @@ def test_after_the_grammar_took_its_stop_token_only_a_stop_token_is_allowed(gram
     assert torch.nonzero(torch.isfinite(scores)).flatten().tolist() == [end]
     Spec.tokens = Spec.tokens + [end]  # the dropped extra token is read without a complaint
     assert torch.nonzero(torch.isfinite(constraint(Spec, torch.zeros(len(tok))))).flatten().tolist() == [end]
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("body,taken,compiles", [
+    ({}, {}, False),
+    ({"response_format": None}, {"n": 2, "reasoning_effort": "low"}, False),
+    ({"response_format": {"type": "text"}}, {}, True),  # a field it reads: the thread decides
+    ({"response_format": {"type": "json_object"}}, {}, True),
+    ({}, {"structured_outputs": {"choice": ["a", "b"]}}, True),
+    ({}, {"guided_regex": "a+"}, True),
+])
+def test_a_request_without_structured_output_fields_asks_no_grammar(grammar, body, taken, compiles):
+    # 0530: such a request's constraint_for runs inline, not on the prep thread
+    assert grammar.asks_constraint(body, taken) is compiles
+
+
+@pytest.mark.parametrize("body,compiles", [
+    ({}, False),
+    ({"tools": []}, False),
+    ({"tools": [WEATHER_TOOL]}, False),  # auto, parallel: what agents send; nothing to enforce
+    ({"tools": [WEATHER_TOOL], "tool_choice": "none"}, False),  # the call tokens forbidden, no grammar
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, True),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "weather"}}}, True),
+    ({"tools": [WEATHER_TOOL], "parallel_tool_calls": False}, True),
+    ({"tools": [{"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}]}, True),
+    ({"tools": ["weather"]}, True),  # malformed: tool_constraint names what is wrong, on the thread
+])
+def test_only_tools_that_need_enforcing_ask_a_tool_grammar(grammar, body, compiles):
+    assert grammar.asks_tool_grammar(body) is compiles

@@ -228,9 +228,11 @@ async def respond(handler, body: dict, request_id: str, model_id: str, model, pr
             spec.forced_end = eos[0] if isinstance(eos, (list, tuple)) else eos
             spec.logprobs = spec.logprobs or asked
     # Grammar compiles are CPU work: off the event loop when PB_PREP_THREAD is on.
-    constraint = await limits.prepare(grammar.constraint_for, body, _fields.get() or {}, tokenizer, model,
-                                      gen_config, input_ids)
-    tool_constraint = await limits.prepare(grammar.tool_constraint, body, tokenizer, model, gen_config, input_ids)
+    taken = _fields.get() or {}
+    constraint = await limits.prepare(grammar.constraint_for, body, taken, tokenizer, model, gen_config, input_ids,
+                                      heavy=grammar.asks_constraint(body, taken))
+    tool_constraint = await limits.prepare(grammar.tool_constraint, body, tokenizer, model, gen_config, input_ids,
+                                           heavy=grammar.asks_tool_grammar(body))
     if constraint is not None and tool_constraint is not None:
         raise _bad("a structured-output constraint and an enforced tool_choice cannot be combined",
                    "tool_choice", "unsupported_combination")

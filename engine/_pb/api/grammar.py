@@ -380,6 +380,26 @@ def _tool_names(tools) -> list[str]:
     return names
 
 
+def asks_constraint(body: dict, taken: dict) -> bool:
+    """Whether the request holds a field constraint_for reads (it may compile a grammar then)."""
+    return body.get("response_format") is not None or any(
+        name == "structured_outputs" or name.startswith("guided_") for name in taken)
+
+
+def asks_tool_grammar(body: dict) -> bool:
+    """Whether tool_constraint may compile a grammar for the request: tools with a tool_choice other
+    than auto or none, parallel_tool_calls not true, or a strict tool (True where unsure)."""
+    tools = body.get("tools")
+    if not tools:
+        return False
+    try:
+        strict = any((t.get("function") or {}).get("strict") for t in tools)
+        serial = body.get("parallel_tool_calls", True) is not True
+        return body.get("tool_choice", "auto") not in ("auto", "none") or serial or strict
+    except Exception:  # noqa: BLE001 - a malformed tool: tool_constraint says what is wrong
+        return True
+
+
 def tool_constraint(body: dict, tokenizer, model, gen_config, input_ids) -> Constraint | None:
     """tool_choice none / required / a named function, parallel_tool_calls false and strict
     tools, enforced with xgrammar's GLM tool-call structure (None: nothing to enforce)."""

@@ -74,9 +74,11 @@ class _TooLarge(Exception):
         self.seen = seen
 
 
-async def prepare(fn, *args, **kwargs):
-    """fn(*args, **kwargs) off the event loop when PB_PREP_THREAD is on, inline otherwise."""
-    if not knobs.get("PB_PREP_THREAD"):
+async def prepare(fn, *args, heavy: bool = True, **kwargs):
+    """fn(*args, **kwargs) off the event loop when PB_PREP_THREAD is on and the call is `heavy` (it
+    may compile a grammar), inline otherwise: a round trip to the thread costs more than a call that
+    only finds nothing to do (a request without response_format or strict tools, most of them)."""
+    if not heavy or not knobs.get("PB_PREP_THREAD"):
         return fn(*args, **kwargs)
     global _executor
     if _executor is None:
