@@ -382,8 +382,7 @@ def _tool_names(tools) -> list[str]:
 
 def asks_constraint(body: dict, taken: dict) -> bool:
     """Whether the request holds a field constraint_for reads (it may compile a grammar then)."""
-    return body.get("response_format") is not None or any(
-        name == "structured_outputs" or name.startswith("guided_") for name in taken)
+    return body.get("response_format") is not None or any(key in taken for key in FIELDS)
 
 
 def asks_tool_grammar(body: dict) -> bool:
@@ -428,8 +427,7 @@ def tool_constraint(body: dict, tokenizer, model, gen_config, input_ids) -> Cons
     vocab = model.config.get_text_config().vocab_size
     if choice == "none" or not tools:
         return Constraint(None, tokenizer, vocab, "body", forbid=CALL_TOKENS) if tools else None
-    strict = any((t.get("function") or {}).get("strict") for t in tools)
-    if choice == "auto" and parallel and not strict:
+    if not asks_tool_grammar(body):  # auto, parallel and no strict tool: nothing to enforce
         return None
     for tool, name in zip(tools, names):
         check_schema(tool["function"].get("parameters") or {"type": "object"}, f"tools[{name}].parameters")
