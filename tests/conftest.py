@@ -30,6 +30,15 @@ def _ephemeral_floor() -> int:
 _handed_out: set[int] = set()
 
 
+def metric(server, name: str) -> float:
+    """An unlabelled sample of the server's /metrics (-1 where it has none)."""
+    import httpx
+
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return values[0] if values else -1.0
+
+
 def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range. A port the kernel handed out
     (bind to 0) can be taken again by any outgoing connection (gloo opens many) before the

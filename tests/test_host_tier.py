@@ -18,7 +18,7 @@ import pytest
 
 from patchbay.runtime.models import model_path
 
-from .conftest import ALL_ON, LOCAL, Server, engine_module, free_port
+from .conftest import ALL_ON, LOCAL, Server, engine_module, free_port, metric
 from .test_partial_evict import TEXT, pressure_prompts
 from .test_prefix_reuse import ask, prompt_ids
 
@@ -28,12 +28,6 @@ SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 5}
 # long enough to be decoding still when the long prompt evicts: a tensor-parallel pair on the CPU
 # decodes several times slower than one process, prompts and replies alike, so it needs fewer
 SIDE_TOKENS = {1: 512, 2: 256}
-
-
-def metric(server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return values[0] if values else -1.0
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from patchbay.runtime.models import model_path
 
-from .conftest import ALL_ON, LOCAL, Server
+from .conftest import ALL_ON, LOCAL, Server, metric
 from .test_prefix_reuse import ask, prompt_ids, shared
 
 pytestmark = pytest.mark.engine
@@ -163,12 +163,8 @@ def test_held_blocks_go_back_when_the_pool_runs_short(patched_engine, tmp_path_f
 
 def only_the_live_request_runs(server) -> bool:
     """The engine generates one request and has none waiting (none set aside for lack of blocks)."""
-    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
-    values = dict(line.split()[:2] for line in metrics.splitlines() if line.startswith(("pb_requests_running ",
-                                                                                          "pb_requests_waiting ")))
-    return float(values["pb_requests_running"]) == 1 and float(values["pb_requests_waiting"]) == 0
+    return metric(server, "pb_requests_running") == 1 and metric(server, "pb_requests_waiting") == 0
 
 
 def blocks_used(server) -> int:
-    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return int(float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pb_kv_blocks_used "))))
+    return int(metric(server, "pb_kv_blocks_used"))
