@@ -257,6 +257,20 @@ def test_varlen_attention_stays_near_sdpa_and_gives_a_row_the_same_bits_alone(se
         varlen_attention.restore()
 
 
+def paged_index(seqs, gen, page: int = 256):
+    """A step's read index over a paged cache: each sequence's keys in pages of `page` rows, the
+    pages in shuffled order as the allocator hands them out (three pages more than used). Returns
+    (index, the cache's rows)."""
+    pages = [-(-(past + new) // page) for past, new in seqs]
+    rows = torch.randperm(sum(pages) + 3, generator=gen, device="cuda")[: sum(pages)] * page
+    index, taken = [], 0
+    for (past, new), count in zip(seqs, pages):
+        starts = rows[taken:taken + count]
+        taken += count
+        index.append((starts[:, None] + torch.arange(page, device="cuda")[None]).flatten()[: past + new])
+    return torch.cat(index), (sum(pages) + 3) * page
+
+
 @pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
 @pytest.mark.parametrize("seqs", [[(32767, 1), (200, 1)], [(8000, 1)] * 8 + [(300, 700)], [(1000, 3000), (0, 1)]])
 def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
@@ -267,16 +281,8 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
-    page = 256
-    pages = [-(-(past + new) // page) for past, new in seqs]
-    rows = torch.randperm(sum(pages) + 3, generator=gen, device="cuda")[: sum(pages)] * page
-    index, taken = [], 0
-    for (past, new), count in zip(seqs, pages):
-        starts = rows[taken:taken + count]
-        taken += count
-        index.append((starts[:, None] + torch.arange(page, device="cuda")[None]).flatten()[: past + new])
-    index = torch.cat(index)
-    cache_k = torch.zeros(((sum(pages) + 3) * page, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+    index, total = paged_index(seqs, gen)
+    cache_k = torch.zeros((total, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
     cache_v = torch.zeros_like(cache_k)
     cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
     gathered = [torch.index_select(c, 0, index).transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
@@ -289,6 +295,94 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
         assert torch.equal(got, want)
         assert torch.equal(in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t,
                                                                      index)), want)
+    finally:
+        varlen_attention.restore()
+
+
+def fp8_paged(seqs, k, v, gen):
+    """0830: keys and values [tokens, KV heads, dim] written to e4m3 caches (0830's rows) at
+    paged_index's rows: (read index, [(rows, scales)] for keys and values)."""
+    from transformers._pb.ops import kv_fp8
+
+    index, total = paged_index(seqs, gen)
+    caches = []
+    for _ in range(2):
+        raw = torch.zeros(total * kv_fp8.row_bytes(KV_HEADS, HEAD_DIM), dtype=torch.uint8, device="cuda")
+        caches.append(kv_fp8.views(raw, total, KV_HEADS, HEAD_DIM))
+    kv_fp8.write_both(tuple(d for d, _ in caches), tuple(s for _, s in caches), index, k, v)
+    return index, caches
+
+
+def test_fp8_write_kernel_writes_the_torch_quantizations_bytes():
+    """0830: the one-launch write of keys and values gives the bytes of kv_fp8.quantize (IEEE
+    divisions, round-to-nearest-even, saturation), over values of every magnitude and near every
+    power of two, where a rounding carries into the exponent."""
+    from transformers._pb.ops import kv_fp8
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    tokens = 4096
+    k = (torch.randn((tokens, KV_HEADS, HEAD_DIM), generator=gen, device="cuda")
+         * torch.logspace(-6, 4, tokens, device="cuda")[:, None, None]).bfloat16()
+    v = torch.randn((tokens, KV_HEADS, HEAD_DIM), generator=gen, device="cuda").bfloat16()
+    v[::7, 3] = 0.0  # heads of zeros
+    index = torch.randperm(tokens + 50, generator=gen, device="cuda")[:tokens]
+    got, want = [], []
+    for fused in (True, False):
+        raws = [torch.zeros((tokens + 50) * kv_fp8.row_bytes(KV_HEADS, HEAD_DIM), dtype=torch.uint8, device="cuda")
+                for _ in range(2)]
+        views = [kv_fp8.views(r, tokens + 50, KV_HEADS, HEAD_DIM) for r in raws]
+        if fused:
+            kv_fp8.write_both(tuple(d for d, _ in views), tuple(s for _, s in views), index, k, v)
+        else:
+            for (d, sc), states in zip(views, (k, v)):
+                kv_fp8.write(d, sc, index, states)
+        (got if fused else want).append(torch.stack(raws))
+    assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
+@pytest.mark.parametrize("seqs", [[(32767, 1), (200, 1)], [(8000, 1)] * 8 + [(300, 700)], [(1000, 3000), (0, 1)]])
+def test_fp8_cache_read_stays_near_the_dequantized_gather_and_gives_a_row_the_same_bits_alone(seqs, fast, split):
+    """0830: prompt rows (through 0830's gather) get the bits of the bf16 kernels over the cache
+    gathered and dequantized (upstream's update with the knob); decode rows (e4m3 rows read through
+    the index, products in float16) stay near them; all stay near float32 sdpa over the
+    dequantized keys and values; the first sequence's rows alone get the bits they get in the
+    whole step, and a CUDA graph's replay the same."""
+    from transformers._pb.ops import kv_fp8, varlen_attention
+    from transformers.generation.continuous_batching.utils import build_attention_mask
+
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
+    index, caches = fp8_paged(seqs, k[0].transpose(0, 1), v[0].transpose(0, 1), gen)
+    paged = [d.view(kv_fp8.FP8).transpose(0, 1).unsqueeze(0) for d, _ in caches]
+    scales = tuple(s for _, s in caches)
+    dequantized = [kv_fp8.read(d, s, index, torch.float32).transpose(0, 1).unsqueeze(0) for d, s in caches]
+    gathered = [kv_fp8.read(d, s, index, torch.bfloat16).transpose(0, 1).unsqueeze(0) for d, s in caches]
+    cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    varlen_attention.ENABLED, varlen_attention.FAST, varlen_attention.SPLIT = True, fast, split
+    try:
+        if fast:
+            assert varlen_attention._descriptors(*paged) is not None
+        got = varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t, index, scales=scales)
+        reference = varlen_attention._attend(q, *gathered, HEAD_DIM ** -0.5, cu_q_t, cu_k_t)
+        prompt = torch.zeros(q.shape[2], dtype=torch.bool, device="cuda")
+        for a, b in zip(cu_q, cu_q[1:]):
+            prompt[a:b] = b - a > 1
+        assert torch.equal(got[:, prompt], reference[:, prompt])
+        assert (got[:, ~prompt].float() - reference[:, ~prompt].float()).abs().max().item() < 2e-2
+        mask = torch.full((1, 1, q.shape[2], k.shape[2]), float("-inf"), device="cuda")
+        build_attention_mask(mask, cu_q, cu_k)
+        rep = HEADS // KV_HEADS
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), dequantized[0].repeat_interleave(rep, 1), dequantized[1].repeat_interleave(rep, 1),
+            attn_mask=mask, scale=HEAD_DIM ** -0.5).transpose(1, 2)
+        assert (got.float() - want).abs().max().item() < 2e-2
+        first = seqs[0]
+        alone = varlen_attention._attend(q[:, :, : first[1]], *paged, HEAD_DIM ** -0.5, cu_q_t[:2], cu_k_t[:2],
+                                         index[: sum(first)], scales=scales)
+        assert torch.equal(alone, got[:, : first[1]])
+        assert torch.equal(in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t,
+                                                                     index, scales=scales)), got)
     finally:
         varlen_attention.restore()
 

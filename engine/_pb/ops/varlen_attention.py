@@ -44,6 +44,13 @@ At one stream 0370's decode kernel runs 8 programs (one a KV head) over the whol
 PB_CACHE_READ (0750) lets the kernels read the cache's own pages through the step's read index
 (`forward_from_cache`, in place of the cache's update), instead of upstream's gather of every key
 the step reads into a new tensor; same bits, a gather less a layer and step.
+
+PB_KV_FP8 (0830) with 0750: the cache's rows are e4m3 with a power-of-two scale a token and KV
+head (kv_fp8.py). The decode kernels read them, widen the elements to the query's dtype and apply
+a key's scale to its scores and a value's to its weights (KV_FP8); the prompt blocks read the
+keys of their sequences dequantized by a gather first (kv_fp8.gather_prompts), since converting
+every element of their 128 x 128 blocks made them 1.6-2.3 times slower on an H100. The scales
+being powers of two, both give the bits of the bfloat16 kernels over the dequantized cache.
 """
 
 import functools
@@ -52,7 +59,7 @@ import sys
 import torch
 
 from .. import knobs
-from . import stable_launch, tma
+from . import kv_fp8, stable_launch, tma
 from .common import INTERPRET, TRITON, kernels, pow2
 
 ENABLED = False  # set by at_load: the knob on, and Triton installed, when the model was loaded
@@ -106,7 +113,8 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
     from the cache's pages through the step's read index, without upstream's gather of every key
     the step reads into one tensor. None where upstream's update and path apply: another kind of
     cache group (a sliding window), a block table, a step that reads no cached keys (upstream
-    gathers nothing then), or a step the kernel does not fit."""
+    gathers nothing then) unless the cache is e4m3 (0830: such a step reads its own rows back, so
+    every attention reads the same e4m3 rows), or a step the kernel does not fit."""
     if not (ENABLED and READ_CACHE) or kwargs.get("block_table") is not None:
         return None
     allocator = cache.layer_to_allocator[module.layer_idx]
@@ -115,21 +123,30 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
         return None
     read_index = kwargs["read_index"][allocator.index]
     cu_k = kwargs["cu_seq_lens_k"][allocator.layer_type].to(torch.int32)
-    if read_index.numel() == 0 or not fits(module, query, key, {**kwargs, "cu_seq_lens_k": cu_k}):
+    scales = getattr(allocator, "_pb_kv_scales", None)
+    if (read_index.numel() == 0 and scales is None) or not fits(module, query, key, {**kwargs, "cu_seq_lens_k": cu_k}):
         return None
     k_cache, v_cache = views[module.layer_idx]  # [cache rows, KV heads, dim]
     write_index = kwargs["write_index"][allocator.index]
-    k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
+    if scales is not None:  # PB_KV_FP8 (0830): e4m3 rows and their scales, read by the kernels
+        scales = scales[module.layer_idx]
+        kv_fp8.write_both((k_cache, v_cache), scales, write_index, key[0].transpose(0, 1), value[0].transpose(0, 1))
+        k_cache, v_cache = k_cache.view(kv_fp8.FP8), v_cache.view(kv_fp8.FP8)
+        if read_index.numel() == 0:  # a step of fresh prompts: each reads the rows it has just written
+            read_index = write_index
+    else:
+        k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
+        v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
     # TMA reads a key block as one run of rows: it must not cross a page
     whole_blocks = getattr(allocator, "tokens_per_page", 1) % BLOCK_N == 0
     return _attend(query, k_cache.transpose(0, 1).unsqueeze(0), v_cache.transpose(0, 1).unsqueeze(0), scaling,
-                   kwargs["cu_seq_lens_q"], cu_k, read_index, fast=FAST and whole_blocks)
+                   kwargs["cu_seq_lens_q"], cu_k, read_index, fast=FAST and whole_blocks, scales=scales)
 
 
-def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None):
+def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scales=None):
     """The kernels over the step's keys ([1, KV heads, keys, dim]), or with `index` (0750) over the
-    cache's rows, sequence s's j-th key at row index[cu_k[s] + j]."""
+    cache's rows, sequence s's j-th key at row index[cu_k[s] + j]. `scales` (0830): the keys and
+    values are e4m3 and these are their float32 scales ([rows, KV heads] each, one row stride)."""
     kernel = kernels("varlen_attention")
     fast = FAST if fast is None else fast
     sequences = cu_q.numel() - 1
@@ -145,23 +162,31 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None):
     lengths = cu_q[1:] - cu_q[:-1]
     blocks = torch.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0)
     block_end = torch.cumsum(blocks, 0).to(torch.int32)
-    descriptors = _descriptors(key, value) if fast else None
     indexed = index is not None
     index = index if indexed else cu_k  # unread without INDEXED
+    fp8 = scales is not None
+    scaled = (*scales, scales[0].stride(0)) if fp8 else (key, value, 0)  # unread without KV_FP8
+    prompt_kv, prompt_index, prompt_strides = (key, value), index, strides
+    if fp8:  # 0830: the prompt rows' keys dequantized first (the gather's layout), the decode rows' read as e4m3
+        prompt_kv = kv_fp8.gather_prompts(key[0].transpose(0, 1), value[0].transpose(0, 1), scales, index, cu_q, cu_k,
+                                          query.dtype, BLOCK_N)
+        prompt_index = cu_k
+        prompt_strides = strides[:2] + tuple(t.stride(d) for t in prompt_kv for d in (2, 1)) + strides[6:]
+    descriptors = _descriptors(*prompt_kv) if fast else None
     kernel.pb_varlen_attention[(heads, -(-tokens // BLOCK_M) + sequences)](
-        query, key, value, out, *(descriptors or (key, value)), index, cu_q, cu_k, block_end, sequences, scale,
-        *strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, block_end, sequences, scale,
+        *prompt_strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
-        INDEXED=indexed, num_warps=WARPS)
+        INDEXED=indexed and not fp8, num_warps=WARPS)
     # sequences of one query token (decode): one program a KV head reads its keys once for its query heads
     if SPLIT:
         keys = index.numel() if indexed else key.shape[2]
         _decode_in_parts(kernel, query, key, value, out, index, indexed, keys, cu_q, cu_k, sequences, scale, strides,
-                         groups)
+                         groups, scaled, fp8)
     else:
         kernel.pb_varlen_attention_decode[(sequences, key.shape[1])](
-            query, key, value, out, index, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
-            BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, INDEXED=indexed, num_warps=4)
+            query, key, value, out, *scaled, index, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
+            BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, INDEXED=indexed, KV_FP8=fp8, num_warps=4)
     return out
 
 
@@ -179,7 +204,7 @@ def _programs(device: torch.device, kv_heads: int) -> int:
 
 
 def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys: int, cu_q, cu_k, sequences: int,
-                     scale: float, strides, groups: int):
+                     scale: float, strides, groups: int, scaled, fp8: bool):
     """PB_SPLIT_DECODE (0740): the decode rows' keys split into parts by each row's own key count,
     the parts spread over the GPU, then merged in key order (see the module's text)."""
     kv_heads, dim = key.shape[1], query.shape[-1]
@@ -192,8 +217,8 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
                  MAX_PARTS=MAX_PARTS, SEQ_CHUNK=SEQ_CHUNK)
     programs = _programs(query.device, kv_heads)
     kernel.pb_varlen_attention_decode_parts[(kv_heads, programs)](
-        query, key, value, acc, ml, index, cu_q, cu_k, sequences, scale, *strides[:6], PROGRAMS=programs,
-        INDEXED=indexed, **sizes, num_warps=4)
+        query, key, value, acc, ml, *scaled, index, cu_q, cu_k, sequences, scale, *strides[:6], PROGRAMS=programs,
+        INDEXED=indexed, KV_FP8=fp8, **sizes, num_warps=4)
     kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads * groups)](
         out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, num_warps=4)
 

@@ -7,6 +7,31 @@ import triton.language as tl
 
 
 @triton.jit
+def half_rows(q):
+    """PB_KV_FP8 (0830): query rows in float16 for the products with e4m3 keys (whose widening to
+    float16 is one instruction, where bfloat16 takes a detour through float32), each row scaled by
+    the power of two that brings its largest magnitude into [2**14, 2**15); returns the rows and
+    the powers that undo it [rows, 1]."""
+    x = q.to(tl.float32)
+    bits = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
+    exponent = tl.where(bits == 0, 0, tl.minimum(tl.maximum(((bits >> 23) & 0xFF) - 141, -126), 126))
+    up = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    down = ((127 + exponent) << 23).to(tl.float32, bitcast=True)
+    return (x * up[:, None]).to(tl.float16), down[:, None]
+
+
+@triton.jit
+def row_scales(ks_ptr, vs_ptr, rows, stride_st, kv_head, col_ok, MASKED: tl.constexpr):
+    """PB_KV_FP8 (0830): the float32 scales of a block's key and value rows (`rows` [BLOCK_N], the
+    cache rows) for one KV head; rows past the sequence (col_ok false, MASKED) read 0."""
+    offsets = rows * stride_st + kv_head
+    if MASKED:
+        return (tl.load(ks_ptr + offsets, mask=col_ok, other=0.0),
+                tl.load(vs_ptr + offsets, mask=col_ok, other=0.0))
+    return tl.load(ks_ptr + offsets), tl.load(vs_ptr + offsets)
+
+
+@triton.jit
 def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, row, start, k_len, kv_head, last, row_ok, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """key_block with PB_VARLEN_FAST (0400): keys and values come through TMA descriptors of the step's
@@ -35,17 +60,23 @@ def key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, row, start, k_len, kv_head,
 
 
 @triton.jit
-def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last, row_ok, qk_scale,
-              stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, INDEXED: tl.constexpr):
+def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, start, k_start, k_len, kv_head, last,
+              row_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INDEXED: tl.constexpr, KV_FP8: tl.constexpr):
     """One block of BLOCK_N keys from `start` into the running softmax (base-2 exponents). MASKED:
-    some row of the block may not see some of these keys, or the block runs past the sequence."""
+    some row of the block may not see some of these keys, or the block runs past the sequence.
+    KV_FP8 (0830, decode rows): the keys and values are e4m3, widened exactly to float16 (q comes
+    as half_rows' float16 rows and qk_scale carries their powers, [rows, 1]), each row's KV head
+    with a power-of-two scale at ks_ptr / vs_ptr (row * stride_st + KV head): a key's scale
+    multiplies its scores; a value's, over the block's largest, multiplies its weight p before the
+    product with the values, and the block's largest multiplies the product."""
     dims = tl.arange(0, HEAD_DIM)
     cols = start + tl.arange(0, BLOCK_N)
     if INDEXED:  # 0750: each key's row of the cache, from the step's read index
-        k_rows = tl.load(idx_ptr + k_start + cols, mask=cols < k_len, other=0).to(tl.int64)[:, None]
+        rows = tl.load(idx_ptr + k_start + cols, mask=cols < k_len, other=0).to(tl.int64)
     else:  # 64-bit offsets: a step's keys can pass 2**31 elements
-        k_rows = (k_start + cols).to(tl.int64)[:, None]
+        rows = (k_start + cols).to(tl.int64)
+    k_rows = rows[:, None]
     kv_head = kv_head.to(tl.int64)
     if MASKED:
         col_ok = cols < k_len
@@ -54,7 +85,12 @@ def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv
     else:
         k = tl.load(k_ptr + k_rows * stride_kt + kv_head * stride_kh + dims[None, :])
         v = tl.load(v_ptr + k_rows * stride_vt + kv_head * stride_vh + dims[None, :])
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if KV_FP8:
+        ks, vs = row_scales(ks_ptr, vs_ptr, rows, stride_st, kv_head, cols < k_len, MASKED)
+        k, v = k.to(tl.float16), v.to(tl.float16)
+        s = tl.dot(q, tl.trans(k)) * (qk_scale * ks[None, :])
+    else:
+        s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where((cols[None, :] <= last[:, None]) & col_ok[None, :] & row_ok[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -62,20 +98,29 @@ def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if KV_FP8:  # the weights over the block's largest value scale (a power of two: exact), in float16's range
+        top = tl.max(vs, axis=0)
+        inverse = ((254 << 23) - top.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        acc = acc * alpha[:, None] + tl.dot((p * (vs * inverse)[None, :]).to(tl.float16), v) * top
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
 @triton.jit
-def attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, kv_head, seen_by_all, high, last, row_ok, scale,
-           stride_kt, stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-           BLOCK_N: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
+def attend(q, k_ptr, v_ptr, k_desc, v_desc, ks_ptr, vs_ptr, stride_st, idx_ptr, k_start, k_len, kv_head, seen_by_all,
+           high, last, row_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr,
+           HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr,
+           KV_FP8: tl.constexpr):
     """Flash attention's running softmax for `ROWS` query rows q over one sequence's keys [0, high)
     of one KV head, in blocks of BLOCK_N from its first key; row r sees the keys up to last[r].
     Every row sees the keys before `seen_by_all`, so whole blocks there skip the masks; a block
     gives a row the same bits through either loop. FAST: key_block_fast (TMA descriptors k_desc,
     v_desc; 0400), else key_block (pointers)."""
     qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+    if KV_FP8:
+        q, powers = half_rows(q)
+        qk_scale = qk_scale * powers
     m_i = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((ROWS,), dtype=tl.float32)
     acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
@@ -94,9 +139,9 @@ def attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, kv_head, se
             acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, this_row, start, k_len, kv_head,
                                            last, row_ok, qk_scale, HEAD_DIM, BLOCK_N, False)
         else:
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
-                                      row_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
-                                      False, INDEXED)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, start,
+                                      k_start, k_len, kv_head, last, row_ok, qk_scale, stride_kt, stride_kh, stride_vt,
+                                      stride_vh, HEAD_DIM, BLOCK_N, False, INDEXED, KV_FP8)
     for start in range(full, high, BLOCK_N):
         if FAST:
             this_row = k_start + start
@@ -106,9 +151,9 @@ def attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, kv_head, se
             acc, m_i, l_i = key_block_fast(q, acc, m_i, l_i, k_desc, v_desc, this_row, start, k_len, kv_head,
                                            last, row_ok, qk_scale, HEAD_DIM, BLOCK_N, True)
         else:
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
-                                      row_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
-                                      True, INDEXED)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, start,
+                                      k_start, k_len, kv_head, last, row_ok, qk_scale, stride_kt, stride_kh, stride_vt,
+                                      stride_vh, HEAD_DIM, BLOCK_N, True, INDEXED, KV_FP8)
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
 
 
@@ -146,18 +191,18 @@ def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, c
         # a row sees its sequence's keys up to its own position (the cached ones before the step too)
         high = tl.minimum(k_len, (block + 1) * BLOCK_M + (k_len - q_len))
         first = block * BLOCK_M + (k_len - q_len)  # the block's first row's last key: every row sees up to it
-        out = attend(q, k_ptr, v_ptr, k_desc, v_desc, idx_ptr, k_start, k_len, head // GROUPS, first + 1, high,
-                     rows + (k_len - q_len), row_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_M,
-                     HEAD_DIM, BLOCK_N, FAST, INDEXED)
+        out = attend(q, k_ptr, v_ptr, k_desc, v_desc, k_ptr, v_ptr, 0, idx_ptr, k_start, k_len, head // GROUPS,
+                     first + 1, high, rows + (k_len - q_len), row_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                     BLOCK_M, HEAD_DIM, BLOCK_N, FAST, INDEXED, False)
         tl.store(out_ptr + q_rows * stride_ot + head.to(tl.int64) * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
-def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, idx_ptr, cu_q_ptr, cu_k_ptr, scale,
-                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                               GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                               BLOCK_N: tl.constexpr, INDEXED: tl.constexpr):
+def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, cu_q_ptr, cu_k_ptr,
+                               scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                               stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                               BLOCK_N: tl.constexpr, INDEXED: tl.constexpr, KV_FP8: tl.constexpr):
     """A sequence with one query token: one program takes the query heads that share one KV head
     (the rows of its dots) and walks the sequence's keys once for all of them."""
     seq = tl.program_id(0)
@@ -175,8 +220,9 @@ def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, idx_ptr, cu_q_ptr, 
         q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=group_ok[:, None], other=0.0)
         last = tl.full((BLOCK_H,), 0, dtype=tl.int32) + (k_len - 1)  # the one query token is the last
-        out = attend(q, k_ptr, v_ptr, k_ptr, v_ptr, idx_ptr, k_start, k_len, kv_head, k_len, k_len, last, group_ok,
-                     scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_N, False, INDEXED)
+        out = attend(q, k_ptr, v_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, k_start, k_len, kv_head, k_len,
+                     k_len, last, group_ok, scale, stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM,
+                     BLOCK_N, False, INDEXED, KV_FP8)
         tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=group_ok[:, None])
 
@@ -199,11 +245,12 @@ def decode_parts(cu_q_ptr, cu_k_ptr, ids, sequences, BLOCK_N: tl.constexpr, PART
 
 
 @triton.jit
-def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, idx_ptr, cu_q_ptr, cu_k_ptr, sequences,
-                                     scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                                     GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                                     BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr, MAX_PARTS: tl.constexpr,
-                                     SEQ_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr, INDEXED: tl.constexpr):
+def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr,
+                                     cu_q_ptr, cu_k_ptr, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh,
+                                     stride_vt, stride_vh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr,
+                                     MAX_PARTS: tl.constexpr, SEQ_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr,
+                                     INDEXED: tl.constexpr, KV_FP8: tl.constexpr):
     """PB_SPLIT_DECODE (0740): the decode rows' keys in parts. The step's parts are numbered in
     sequence order (a sequence's in key order); program (kv_head, p) takes parts p, p + PROGRAMS,
     ... of its KV head. A part runs 0370's running softmax over its own key blocks for the query
@@ -243,18 +290,22 @@ def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, idx_p
         q_row = tl.load(cu_q_ptr + seq).to(tl.int64)
         q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=group_ok[:, None], other=0.0)
+        row_scale = qk_scale
+        if KV_FP8:
+            q, powers = half_rows(q)
+            row_scale = qk_scale * powers
         last = tl.full((BLOCK_H,), 0, dtype=tl.int32) + (k_len - 1)  # the one query token is the last
         m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_H, HEAD_DIM), dtype=tl.float32)
         for start in range(low, full, BLOCK_N):
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
-                                      group_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
-                                      False, INDEXED)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, start,
+                                      k_start, k_len, kv_head, last, group_ok, row_scale, stride_kt, stride_kh,
+                                      stride_vt, stride_vh, HEAD_DIM, BLOCK_N, False, INDEXED, KV_FP8)
         for start in range(full, high, BLOCK_N):
-            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, idx_ptr, start, k_start, k_len, kv_head, last,
-                                      group_ok, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, BLOCK_N,
-                                      True, INDEXED)
+            acc, m_i, l_i = key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr, start,
+                                      k_start, k_len, kv_head, last, group_ok, row_scale, stride_kt, stride_kh,
+                                      stride_vt, stride_vh, HEAD_DIM, BLOCK_N, True, INDEXED, KV_FP8)
         slot = (item * kv_heads + kv_head).to(tl.int64)
         tl.store(acc_ptr + (slot * BLOCK_H + group[:, None]) * HEAD_DIM + dims[None, :], acc)
         tl.store(ml_ptr + slot * 2 * BLOCK_H + group, m_i)

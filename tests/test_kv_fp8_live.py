@@ -1,0 +1,56 @@
+"""0830 PB_KV_FP8 through a live server on the CPU: the local set plus the knob, where upstream's
+update writes e4m3 rows and reads them back dequantized (the kernels run on a GPU only; their
+bits are checked by tests/test_kv_fp8.py and tests/test_kernels_gpu.py).
+
+A resent prompt resumes from the e4m3 cache and replies as its cold send did (greedy and seeded),
+since every attention, the cold prompt's own included, reads the cache's rows; another prompt
+reuses only the prefix it shares."""
+
+import argparse
+
+import httpx
+import pytest
+
+from patchbay.runtime.models import model_path
+
+from .conftest import ALL_ON, LOCAL, Server, metric
+from .test_prefix_reuse import ask, prompt_ids, shared
+
+pytestmark = pytest.mark.engine
+
+TEXT = open(argparse.__file__).read()[:6000]
+
+
+@pytest.fixture(scope="module")
+def server(patched_engine, tmp_path_factory):
+    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_KV_FP8": "1"}, tmp_path_factory.mktemp("run-kv-fp8"))
+    yield s
+    s.stop()
+
+
+def test_the_server_keeps_its_cache_in_e4m3(server):
+    log = server.files.log.read_text()
+    assert "PB_KV_FP8: the KV cache holds e4m3" in log and "PB_KV_FP8=1" in log
+    assert metric(server, "pb_kv_blocks_total") == 256  # --cb-num-blocks 256: the same blocks, half the bytes
+    r = httpx.get(f"{server.url}/health", timeout=30)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_p": 0.95, "seed": 17}], ids=["greedy", "seeded"])
+def test_a_resent_prompt_resumes_from_the_e4m3_cache_and_replies_as_cold(server, settings):
+    content = f"e4m3 cache check ({'seeded' if settings else 'greedy'}).\n{TEXT[:3000]}"
+    length = len(prompt_ids(server, content))
+    cold, _, cached_cold = ask(server, content, **settings)
+    warm, length_again, cached_warm = ask(server, content, **settings)
+    assert cached_cold == 0 and length_again == length
+    assert cached_warm == length - 2  # 0760 recomputes the last two tokens
+    assert warm == cold
+
+
+def test_another_prompt_reuses_only_the_prefix_it_shares(server):
+    first = f"e4m3 cache, shared opening.\n{TEXT[:2500]}"
+    second = first[:1500] + " A different turn here." + TEXT[3000:4000]
+    ask(server, first)
+    common = shared(prompt_ids(server, first), prompt_ids(server, second))
+    _, _, cached = ask(server, second)
+    assert 0 < cached <= common
