@@ -4,17 +4,22 @@ bits are checked by tests/test_kv_fp8.py and tests/test_kernels_gpu.py).
 
 A resent prompt resumes from the e4m3 cache and replies as its cold send did (greedy and seeded),
 since every attention, the cold prompt's own included, reads the cache's rows; another prompt
-reuses only the prefix it shares."""
+reuses only the prefix it shares. Two gloo ranks, each caching its own KV heads, reply as one."""
 
 import argparse
+import dataclasses
 
 import httpx
 import pytest
 
 from patchbay.runtime.models import model_path
 
+from patchbay.measure import exact
+from patchbay.runtime import launch
+
 from .conftest import ALL_ON, LOCAL, Server, metric
 from .test_prefix_reuse import ask, prompt_ids, shared
+from .test_tp import TP_KNOBS, greedy, tp_config
 
 pytestmark = pytest.mark.engine
 
@@ -54,3 +59,18 @@ def test_another_prompt_reuses_only_the_prefix_it_shares(server):
     common = shared(prompt_ids(server, first), prompt_ids(server, second))
     _, _, cached = ask(server, second)
     assert 0 < cached <= common
+
+
+def test_tp2_ranks_each_cache_their_heads_in_e4m3_and_reply_as_tp1(patched_engine, server, tmp_path):
+    # a head's scale follows from that head alone, so a rank holding half the KV heads writes the
+    # rows one rank writes for them
+    cfg = dataclasses.replace(tp_config(tmp_path / "run"), knobs={**TP_KNOBS, "PB_KV_FP8": "1"})
+    files = launch.RunFiles(cfg.run_path)
+    launch.start(cfg, patched_engine, server.model, files, progress=lambda *_: None)
+    try:
+        for rank in (0, 1):
+            assert "PB_KV_FP8: the KV cache holds e4m3" in files.rank_log(rank).read_text()
+        for messages in exact.EXACTNESS_PROMPTS[:4]:
+            assert greedy(cfg.url, server.model, messages)[0] == greedy(server.url, server.model, messages)[0]
+    finally:
+        launch.stop(files)
