@@ -46,11 +46,11 @@ PB_CACHE_READ (0750) lets the kernels read the cache's own pages through the ste
 the step reads into a new tensor; same bits, a gather less a layer and step.
 
 PB_KV_FP8 (0830) with 0750: the cache's rows are e4m3 with a power-of-two scale a token and KV
-head (kv_fp8.py). The decode kernels read them, widen the elements to the query's dtype and apply
-a key's scale to its scores and a value's to its weights (KV_FP8); the prompt blocks read the
-keys of their sequences dequantized by a gather first (kv_fp8.gather_prompts), since converting
-every element of their 128 x 128 blocks made them 1.6-2.3 times slower on an H100. The scales
-being powers of two, both give the bits of the bfloat16 kernels over the dequantized cache.
+head (kv_fp8.py). The decode kernels read them, widen the elements to float16 and apply a key's
+scale to its scores and a value's to its weights (KV_FP8): within a rounding of the bfloat16
+kernels over the dequantized cache, not their bits. The prompt blocks read the keys of their
+sequences dequantized by a gather first (kv_fp8.gather_prompts), which gives those bits; converting
+every element of their 128 x 128 blocks in the kernel made them 1.6-2.3 times slower on an H100.
 """
 
 import functools
