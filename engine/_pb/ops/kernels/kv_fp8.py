@@ -1,8 +1,10 @@
-"""PB_KV_FP8's write kernel (see kv_fp8.py): a step's new keys and values quantized to the cache's
-e4m3 rows and float32 scales in one launch."""
+"""PB_KV_FP8's kernels (see kv_fp8.py): the write of a step's new keys and values to the cache's
+e4m3 rows and scales in one launch, and the dequantizing gather of the prompt rows' keys."""
 
 import triton
 import triton.language as tl
+
+from .varlen_attention import count_past
 
 
 @triton.jit
@@ -69,10 +71,7 @@ def pb_kv_fp8_gather(kd_ptr, vd_ptr, ks_ptr, vs_ptr, k_out, v_out, idx_ptr, cu_q
         q_len = tl.load(cu_q_ptr + ids + 1, mask=ok, other=0) - tl.load(cu_q_ptr + ids, mask=ok, other=0)
         k_len = tl.load(cu_k_ptr + ids + 1, mask=ok, other=0) - tl.load(cu_k_ptr + ids, mask=ok, other=0)
         blocks = tl.where(ok & (q_len > 1), (k_len + BLOCK - 1) // BLOCK, 0)
-        passed = (seen + tl.cumsum(blocks, axis=0)) <= pid
-        seq += tl.sum(passed.to(tl.int32), axis=0)
-        before += tl.sum(tl.where(passed, blocks, 0), axis=0)
-        seen += tl.sum(blocks, axis=0)
+        seq, before, seen = count_past(pid, blocks, seq, before, seen)
     if pid < seen:
         block = pid - before
         k_start = tl.load(cu_k_ptr + seq)

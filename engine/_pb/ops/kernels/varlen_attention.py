@@ -228,6 +228,19 @@ def pb_varlen_attention_decode(q_ptr, k_ptr, v_ptr, out_ptr, ks_ptr, vs_ptr, str
 
 
 @triton.jit
+def count_past(item, counts, seq, before, seen):
+    """One chunk of sequences in the search for the sequence whose numbered items hold `item` (the
+    items numbered over the sequences in order, `counts` [chunk] of them a sequence): the
+    sequences wholly before it (`seq`), their items (`before`) and every item counted so far
+    (`seen`), each carried over the chunks."""
+    passed = (seen + tl.cumsum(counts, axis=0)) <= item
+    seq += tl.sum(passed.to(tl.int32), axis=0)
+    before += tl.sum(tl.where(passed, counts, 0), axis=0)
+    seen += tl.sum(counts, axis=0)
+    return seq, before, seen
+
+
+@triton.jit
 def decode_parts(cu_q_ptr, cu_k_ptr, ids, sequences, BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr,
                  MAX_PARTS: tl.constexpr):
     """PB_SPLIT_DECODE (0740): for the sequences `ids`, how many parts a decode row's keys are split
@@ -276,11 +289,7 @@ def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, ks_pt
         for first in range(0, sequences, SEQ_CHUNK):
             chunk_parts, chunk_sizes = decode_parts(cu_q_ptr, cu_k_ptr, first + tl.arange(0, SEQ_CHUNK), sequences,
                                                     BLOCK_N, PART_BLOCKS, MAX_PARTS)
-            ends = seen + tl.cumsum(chunk_parts, axis=0)
-            passed = ends <= item
-            seq += tl.sum(passed.to(tl.int32), axis=0)
-            before += tl.sum(tl.where(passed, chunk_parts, 0), axis=0)
-            seen += tl.sum(chunk_parts, axis=0)
+            seq, before, seen = count_past(item, chunk_parts, seq, before, seen)
         row_parts, per_part = decode_parts(cu_q_ptr, cu_k_ptr, seq, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
         k_start = tl.load(cu_k_ptr + seq)
         k_len = tl.load(cu_k_ptr + seq + 1) - k_start
