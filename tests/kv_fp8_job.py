@@ -1,6 +1,7 @@
 """Run by tests/test_kv_fp8.py under Triton's CPU interpreter (TRITON_INTERPRET=1) with the patched
 engine first on PYTHONPATH, PB_VARLEN_ATTENTION, PB_VARLEN_FAST, PB_SPLIT_DECODE and PB_CACHE_READ
-on: 0830's e4m3 cache rows and scales, and the tiny model's batching loop with the cache in e4m3,
+on, and PB_KV_FP8 or PB_KV_INT8 (0840): the cache's 8-bit rows and scales, and the tiny model's
+batching loop with the cache in that format,
 its attention read three ways (upstream's gather dequantized then sdpa, the gather then 0370's
 kernels, and 0750's kernels reading the e4m3 rows themselves). Prints one JSON line."""
 
@@ -30,8 +31,9 @@ def rows() -> dict:
     kv_fp8.write(data, scales, index, states[:3])
     read = kv_fp8.read(data, scales, index, torch.float32)
     return {"relative_error": relative, "zero_head_zero": bool((back[5, 1] == 0).all()),
-            "max_in_224_448": bool(((lambda m: (m >= 224) & (m <= 448))(
-                q.view(kv_fp8.FP8).float().abs().amax(-1)[amax[..., 0] > 0])).all()),
+            "head_max": (lambda m: [m.min().item(), m.max().item()])(
+                q.view(kv_fp8.element()).float().abs().amax(-1)[amax[..., 0] > 0]),
+            "element": str(kv_fp8.element()).removeprefix("torch."),
             "scales_powers_of_two": bool((torch.frexp(s)[0] == 0.5).all()),
             "read_is_round_trip": bool(torch.equal(read, back[:3])),
             "untouched_rows_zero": bool((cache.view(10, -1)[[0, 1, 3, 4, 5, 6, 8]] == 0).all()),
@@ -122,6 +124,7 @@ def cache_sizes(model_dir: str) -> dict:
 
 varlen_attention.at_load()
 kv_fp8.at_load()
-report = {"enabled": kv_fp8.ENABLED, "read_cache": varlen_attention.READ_CACHE, "fast": varlen_attention.FAST,
-          "rows": rows(), "sizes": cache_sizes(sys.argv[1]), "loop": batching_loop(sys.argv[1])}
+report = {"enabled": kv_fp8.ENABLED, "format": kv_fp8.FORMAT, "read_cache": varlen_attention.READ_CACHE,
+          "fast": varlen_attention.FAST, "rows": rows(), "sizes": cache_sizes(sys.argv[1]),
+          "loop": batching_loop(sys.argv[1])}
 print(json.dumps(report))

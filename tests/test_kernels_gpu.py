@@ -300,8 +300,9 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
 
 
 def fp8_paged(seqs, k, v, gen):
-    """0830: keys and values [tokens, KV heads, dim] written to e4m3 caches (0830's rows) at
-    paged_index's rows: (read index, [(rows, scales)] for keys and values)."""
+    """0830: keys and values [tokens, KV heads, dim] written to 8-bit caches (0830's rows, in the
+    format kv_fp8.FORMAT names) at paged_index's rows: (read index, [(rows, scales)] for keys and
+    values)."""
     from transformers._pb.ops import kv_fp8
 
     index, total = paged_index(seqs, gen)
@@ -313,12 +314,14 @@ def fp8_paged(seqs, k, v, gen):
     return index, caches
 
 
-def test_fp8_write_kernel_writes_the_torch_quantizations_bytes():
-    """0830: the one-launch write of keys and values gives the bytes of kv_fp8.quantize (IEEE
-    divisions, round-to-nearest-even, saturation), over values of every magnitude and near every
-    power of two, where a rounding carries into the exponent."""
+@pytest.mark.parametrize("fmt", ["e4m3", "int8"])
+def test_fp8_write_kernel_writes_the_torch_quantizations_bytes(fmt):
+    """0830 (e4m3) and 0840 (int8): the one-launch write of keys and values gives the bytes of
+    kv_fp8.quantize (power-of-two scales, round-to-nearest-even, saturation), over values of every
+    magnitude and near every power of two, where a rounding carries into the exponent."""
     from transformers._pb.ops import kv_fp8
 
+    kv_fp8.FORMAT = fmt
     gen = torch.Generator(device="cuda").manual_seed(9)
     tokens = 4096
     k = (torch.randn((tokens, KV_HEADS, HEAD_DIM), generator=gen, device="cuda")
@@ -337,24 +340,29 @@ def test_fp8_write_kernel_writes_the_torch_quantizations_bytes():
             for (d, sc), states in zip(views, (k, v)):
                 kv_fp8.write(d, sc, index, states)
         (got if fused else want).append(torch.stack(raws))
+    kv_fp8.restore()
     assert torch.equal(got[0], want[0])
 
 
-@pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
+@pytest.mark.parametrize("fast,split,fmt", [(False, False, "e4m3"), (True, False, "e4m3"), (True, True, "e4m3"),
+                                            (True, True, "int8")], ids=["0370", "0400", "0740", "0740-int8"])
 @pytest.mark.parametrize("seqs", [[(32767, 1), (200, 1)], [(8000, 1)] * 8 + [(300, 700)], [(1000, 3000), (0, 1)]])
-def test_fp8_cache_read_stays_near_the_dequantized_gather_and_gives_a_row_the_same_bits_alone(seqs, fast, split):
+def test_fp8_cache_read_stays_near_the_dequantized_gather_and_gives_a_row_the_same_bits_alone(seqs, fast, split,
+                                                                                             fmt):
     """0830: prompt rows (through 0830's gather) get the bits of the bf16 kernels over the cache
-    gathered and dequantized (upstream's update with the knob); decode rows (e4m3 rows read through
+    gathered and dequantized (upstream's update with the knob); decode rows (8-bit rows read through
     the index, products in float16) stay near them; all stay near float32 sdpa over the
     dequantized keys and values; the first sequence's rows alone get the bits they get in the
-    whole step, and a CUDA graph's replay the same."""
+    whole step, and a CUDA graph's replay the same. With 0840 the rows are int8, read by the same
+    kernels."""
     from transformers._pb.ops import kv_fp8, varlen_attention
     from transformers.generation.continuous_batching.utils import build_attention_mask
 
     gen = torch.Generator(device="cuda").manual_seed(8)
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
+    kv_fp8.FORMAT = fmt
     index, caches = fp8_paged(seqs, k[0].transpose(0, 1), v[0].transpose(0, 1), gen)
-    paged = [d.view(kv_fp8.FP8).transpose(0, 1).unsqueeze(0) for d, _ in caches]
+    paged = [d.view(kv_fp8.element()).transpose(0, 1).unsqueeze(0) for d, _ in caches]
     scales = tuple(s for _, s in caches)
     dequantized = [kv_fp8.read(d, s, index, torch.float32).transpose(0, 1).unsqueeze(0) for d, s in caches]
     gathered = [kv_fp8.read(d, s, index, torch.bfloat16).transpose(0, 1).unsqueeze(0) for d, s in caches]
@@ -385,6 +393,7 @@ def test_fp8_cache_read_stays_near_the_dequantized_gather_and_gives_a_row_the_sa
                                                                      index, scales=scales)), got)
     finally:
         varlen_attention.restore()
+        kv_fp8.restore()
 
 
 def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):

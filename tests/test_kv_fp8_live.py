@@ -4,7 +4,8 @@ bits are checked by tests/test_kv_fp8.py and tests/test_kernels_gpu.py).
 
 A resent prompt resumes from the e4m3 cache and replies as its cold send did (greedy and seeded),
 since every attention, the cold prompt's own included, reads the cache's rows; another prompt
-reuses only the prefix it shares. Two gloo ranks, each caching its own KV heads, reply as one."""
+reuses only the prefix it shares. Two gloo ranks, each caching its own KV heads, reply as one.
+0840's int8 rows (PB_KV_INT8) go through the same paths: a server of them resumes as cold too."""
 
 import argparse
 import dataclasses
@@ -74,3 +75,19 @@ def test_tp2_ranks_each_cache_their_heads_in_e4m3_and_reply_as_tp1(patched_engin
             assert greedy(cfg.url, server.model, messages)[0] == greedy(server.url, server.model, messages)[0]
     finally:
         launch.stop(files)
+
+
+def test_an_int8_cache_resumes_resent_prompts_as_cold(patched_engine, tmp_path):
+    s = Server(patched_engine, model_path(LOCAL), {**ALL_ON, "PB_KV_INT8": "1"}, tmp_path / "run")
+    try:
+        log = s.files.log.read_text()
+        assert "PB_KV_INT8: the KV cache holds int8" in log and "PB_KV_INT8=1" in log
+        assert metric(s, "pb_kv_blocks_total") == 256
+        for settings in ({}, {"temperature": 0.8, "top_p": 0.95, "seed": 17}):
+            content = f"int8 cache check ({'seeded' if settings else 'greedy'}).\n{TEXT[:3000]}"
+            length = len(prompt_ids(s, content))
+            cold, _, cached_cold = ask(s, content, **settings)
+            warm, _, cached_warm = ask(s, content, **settings)
+            assert cached_cold == 0 and cached_warm == length - 2 and warm == cold
+    finally:
+        s.stop()

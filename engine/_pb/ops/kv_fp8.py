@@ -1,4 +1,5 @@
-"""PB_KV_FP8: the paged KV cache in float8 (e4m3), with one power-of-two scale a token and KV head.
+"""PB_KV_FP8 / PB_KV_INT8: the paged KV cache in 8 bits (e4m3, or int8 with 0840), with one
+power-of-two scale a token and KV head.
 
 Upstream keeps the cache in the model's dtype: in bfloat16 one token of one GLM-4.5-Air layer
 costs 2 x 8 x 128 x 2 bytes (keys and values, 8 KV heads of 128). With the knob on, a cache row
@@ -21,10 +22,17 @@ rows it has just written, like every other step. Either way every attention read
 rows, so a prompt computed cold and the same prompt resumed from the cache see the same keys, and
 a token's rows depend on that token alone (batched == alone holds as with the bfloat16 cache).
 
-It changes output: e4m3 keeps 3 bits of mantissa (W58: mean |Δ logprob| 0.089 on air12-fp8,
-above issue 27's gate, so the knob is opt-in). The cache views are made by upstream's full
-attention allocator (its hooks call `bytes_per_page`, `views`, `write_both`, `read`); a
-sliding-window group keeps the model's dtype.
+PB_KV_INT8 (0840) keeps the same rows with int8 elements instead: the power of two is the
+smallest that brings a head's largest magnitude to 127 or below, the scaled elements are rounded to
+integers (to nearest, ties to even), and every statement above holds as written (an int8 times a
+power of two is exact in bfloat16 too, and widens exactly to float16). Either knob turns the
+cache on; with both, int8.
+
+It changes output: e4m3 keeps 3 bits of mantissa (W58: mean |Δ logprob| 0.089 on air12-fp8),
+int8 an element within 1/127 of its head's largest (W59: 0.047); both are above issue 27's gate of
+0.02, so the knobs are opt-in. The cache views are made by upstream's full attention allocator
+(its hooks call `bytes_per_page`, `views`, `write_both`, `read`); a sliding-window group keeps
+the model's dtype.
 """
 
 import sys
@@ -34,14 +42,23 @@ import torch
 from .. import knobs
 from .common import TRITON, kernels, pow2
 
-ENABLED = False  # set by at_load: the knob on when the model was loaded
+ENABLED = False  # set by at_load: either knob on when the model was loaded
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # e4m3's largest finite magnitude
+# A row element's format: its dtype, its largest magnitude written as m * 2**exponent, and m's
+# 23 mantissa bits (what power_scales compares a head's largest magnitude with).
+FORMATS = {"e4m3": (FP8, 448.0, 8, 0x600000),  # 448 = 1.75 * 2**8
+           "int8": (torch.int8, 127.0, 6, 0x7E0000)}  # 127 = 1.984375 * 2**6
+FORMAT = "e4m3"  # set by at_load: "int8" with PB_KV_INT8 (0840)
 ALIGN = 16  # a row's bytes, and its scales' bytes, are multiples of this (TMA reads rows at 16-byte strides)
 
 
 def on() -> bool:
-    return bool(knobs.get("PB_KV_FP8"))
+    return bool(knobs.get("PB_KV_FP8") or knobs.get("PB_KV_INT8"))
+
+
+def element() -> torch.dtype:
+    """The dtype of a row's elements in the format loaded: e4m3, or int8 (0840)."""
+    return FORMATS[FORMAT][0]
 
 
 def scale_bytes(kv_heads: int) -> int:
@@ -50,7 +67,7 @@ def scale_bytes(kv_heads: int) -> int:
 
 
 def row_bytes(kv_heads: int, head_dim: int) -> int:
-    """One cache row: the KV heads' e4m3 elements, then their scales."""
+    """One cache row: the KV heads' 8-bit elements, then their scales."""
     return kv_heads * head_dim + scale_bytes(kv_heads)
 
 
@@ -69,11 +86,13 @@ def views(cache_bytes: torch.Tensor, rows: int, kv_heads: int, head_dim: int) ->
     return data, scales
 
 
-def power_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest powers of two s with amax / s <= 448, and 1 / s (float32, from amax's bits: exact;
-    kernels/kv_fp8.py computes the same bits). A head of zeros gets 1."""
+def power_scales(amax: torch.Tensor, fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest powers of two s with amax / s <= the format's largest magnitude (448 for e4m3,
+    127 for int8), and 1 / s (float32, from amax's bits: exact; kernels/kv_fp8.py computes the same
+    bits). A head of zeros gets 1."""
+    _, _, top_exponent, top_mantissa = FORMATS[fmt]
     bits = amax.view(torch.int32)
-    exponent = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)  # 448 = 1.75 * 2**8
+    exponent = ((bits >> 23) & 0xFF) - 127 - top_exponent + ((bits & 0x7FFFFF) > top_mantissa).to(torch.int32)
     exponent = exponent.clamp(-126, 126)
     scale = ((exponent + 127) << 23).view(torch.float32)
     inverse = ((127 - exponent) << 23).view(torch.float32)
@@ -82,19 +101,22 @@ def power_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[tokens, KV heads, dim] -> (e4m3 elements as uint8, float32 scales [tokens, KV heads]). Each
-    head's scale is a power of two, so scaling is exact and only the cast to e4m3 rounds (to
-    nearest, ties to even): a dequantized element, e4m3 times a power of two, is exact in bfloat16,
-    and a kernel may apply the scale to a product instead of the element with the same bits."""
+    """[tokens, KV heads, dim] -> (elements of FORMAT as uint8, float32 scales [tokens, KV heads]).
+    Each head's scale is a power of two, so scaling is exact and only the rounding to the format
+    rounds (to nearest, ties to even: the cast to e4m3, or to an integer for int8): a dequantized
+    element, an e4m3 or an int8 times a power of two, is exact in bfloat16, and a kernel may apply
+    the scale to a product instead of the element with the same bits."""
+    dtype, top, _, _ = FORMATS[FORMAT]
     x = states.float()
-    scales, inverse = power_scales(x.abs().amax(-1).contiguous())
-    q = (x * inverse[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    scales, inverse = power_scales(x.abs().amax(-1).contiguous(), FORMAT)
+    y = (x * inverse[..., None]).clamp(-top, top)
+    q = (y.round() if dtype == torch.int8 else y).to(dtype)
     return q.view(torch.uint8), scales
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """e4m3 elements (as uint8) times their scales (exact in float32 and in bfloat16)."""
-    return (q.view(FP8).float() * scales[..., None]).to(dtype)
+    """Elements (as uint8) times their scales (exact in float32 and in bfloat16)."""
+    return (q.view(element()).float() * scales[..., None]).to(dtype)
 
 
 def write(data: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, states: torch.Tensor) -> None:
@@ -108,17 +130,20 @@ def write_both(cache: tuple, scales: tuple, index: torch.Tensor, keys: torch.Ten
     """A step's new keys and values [tokens, KV heads, dim] into their cache rows `index` (cache:
     the key and value rows, scales: theirs): one kernel on a GPU (kernels/kv_fp8.py, `quantize`'s
     bits; tests/test_kernels_gpu.py), `write` twice elsewhere. Not under Triton's interpreter: its
-    cast to e4m3 drops the carry when a value rounds up to the next power of two (31.6 -> 16)."""
+    cast to e4m3 drops the carry when a value rounds up to the next power of two (31.6 -> 16); int8
+    rows take the same paths."""
     if not (TRITON and keys.is_cuda) or keys.shape[0] == 0:
         write(cache[0], scales[0], index, keys)
         write(cache[1], scales[1], index, values)
         return
     kv_heads, dim = keys.shape[1], keys.shape[2]
     assert cache[0].stride() == cache[1].stride() and scales[0].stride() == scales[1].stride()
+    _, top, top_exponent, top_mantissa = FORMATS[FORMAT]
     kernels("kv_fp8").pb_kv_fp8_write[(keys.shape[0],)](
-        keys, values, cache[0].view(FP8), cache[1].view(FP8), scales[0], scales[1], index, keys.stride(0),
-        keys.stride(1), values.stride(0), values.stride(1), cache[0].stride(0), scales[0].stride(0),
-        KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_H=pow2(kv_heads), num_warps=4)
+        keys, values, cache[0].view(element()), cache[1].view(element()), scales[0], scales[1], index,
+        keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), cache[0].stride(0), scales[0].stride(0),
+        KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_H=pow2(kv_heads), TOP=top, TOP_EXPONENT=top_exponent,
+        TOP_MANTISSA=top_mantissa, INT8=FORMAT == "int8", num_warps=4)
 
 
 def gather_prompts(keys: torch.Tensor, values: torch.Tensor, scales: tuple, index: torch.Tensor, cu_q: torch.Tensor,
@@ -127,8 +152,8 @@ def gather_prompts(keys: torch.Tensor, values: torch.Tensor, scales: tuple, inde
     dequantized to `dtype` into [1, KV heads, keys, dim] tensors laid out as upstream's gather
     (sequence s's j-th key at cu_k[s] + j; a decode row's keys are left unwritten), for the prompt
     kernel: in its blocks of 128 x 128 a conversion of each element costs more than the gather.
-    `keys`, `values`: the cache's e4m3 rows [rows, KV heads, dim]; the grid is fixed by the step's
-    padded sizes (CUDA graphs), its programs for decode rows return at once."""
+    `keys`, `values`: the cache's 8-bit rows [rows, KV heads, dim] (as element()); the grid is
+    fixed by the step's padded sizes (CUDA graphs), its programs for decode rows return at once."""
     tokens, kv_heads, dim = index.numel(), keys.shape[1], keys.shape[2]
     out_k = torch.empty((tokens, kv_heads, dim), dtype=dtype, device=keys.device)
     out_v = torch.empty_like(out_k)
@@ -147,13 +172,17 @@ def read(data: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, dtype: t
 
 
 def at_load() -> None:
-    global ENABLED
+    global ENABLED, FORMAT
     ENABLED = on()
-    if ENABLED:
-        sys.stderr.write("patchbay: PB_KV_FP8: the KV cache holds e4m3 values with a float32 scale a token and KV "
-                         "head\n")
+    FORMAT = "int8" if knobs.get("PB_KV_INT8") else "e4m3"
+    if not ENABLED:
+        return
+    knob = "PB_KV_INT8" if FORMAT == "int8" else "PB_KV_FP8"
+    also = " (PB_KV_FP8 is on too: int8 is used)" if FORMAT == "int8" and knobs.get("PB_KV_FP8") else ""
+    sys.stderr.write(f"patchbay: {knob}: the KV cache holds {FORMAT} values with a float32 scale a token and KV "
+                     f"head{also}\n")
 
 
 def restore() -> None:
-    global ENABLED
-    ENABLED = False
+    global ENABLED, FORMAT
+    ENABLED, FORMAT = False, "e4m3"

@@ -45,8 +45,8 @@ PB_CACHE_READ (0750) lets the kernels read the cache's own pages through the ste
 (`forward_from_cache`, in place of the cache's update), instead of upstream's gather of every key
 the step reads into a new tensor; same bits, a gather less a layer and step.
 
-PB_KV_FP8 (0830) with 0750: the cache's rows are e4m3 with a power-of-two scale a token and KV
-head (kv_fp8.py). The decode kernels read them, widen the elements to float16 and apply a key's
+PB_KV_FP8 (0830) with 0750: the cache's rows are e4m3 (int8 with 0840's PB_KV_INT8) with a
+power-of-two scale a token and KV head (kv_fp8.py). The decode kernels read them, widen the elements to float16 and apply a key's
 scale to its scores and a value's to its weights (KV_FP8): within a rounding of the bfloat16
 kernels over the dequantized cache, not their bits. The prompt blocks read the keys of their
 sequences dequantized by a gather first (kv_fp8.gather_prompts), which gives those bits; converting
@@ -128,10 +128,10 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
         return None
     k_cache, v_cache = views[module.layer_idx]  # [cache rows, KV heads, dim]
     write_index = kwargs["write_index"][allocator.index]
-    if scales is not None:  # PB_KV_FP8 (0830): e4m3 rows and their scales, read by the kernels
+    if scales is not None:  # PB_KV_FP8 (0830): 8-bit rows and their scales, read by the kernels
         scales = scales[module.layer_idx]
         kv_fp8.write_both((k_cache, v_cache), scales, write_index, key[0].transpose(0, 1), value[0].transpose(0, 1))
-        k_cache, v_cache = k_cache.view(kv_fp8.FP8), v_cache.view(kv_fp8.FP8)
+        k_cache, v_cache = k_cache.view(kv_fp8.element()), v_cache.view(kv_fp8.element())
         if read_index.numel() == 0:  # a step of fresh prompts: each reads the rows it has just written
             read_index = write_index
     else:

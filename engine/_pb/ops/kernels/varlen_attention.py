@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def half_rows(q):
-    """PB_KV_FP8 (0830): query rows in float16 for the products with e4m3 keys (whose widening to
+    """PB_KV_FP8 (0830): query rows in float16 for the products with e4m3 or int8 keys (whose widening to
     float16 is one instruction, where bfloat16 takes a detour through float32), each row scaled by
     the power of two that brings its largest magnitude into [2**14, 2**15); returns the rows and
     the powers that undo it [rows, 1]."""
@@ -65,7 +65,8 @@ def key_block(q, acc, m_i, l_i, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_st, idx_ptr
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INDEXED: tl.constexpr, KV_FP8: tl.constexpr):
     """One block of BLOCK_N keys from `start` into the running softmax (base-2 exponents). MASKED:
     some row of the block may not see some of these keys, or the block runs past the sequence.
-    KV_FP8 (0830, decode rows): the keys and values are e4m3, widened exactly to float16 (q comes
+    KV_FP8 (0830, decode rows): the keys and values are e4m3 (int8 with 0840: the pointers' type
+    says which), widened exactly to float16 (q comes
     as half_rows' float16 rows and qk_scale carries their powers, [rows, 1]), each row's KV head
     with a power-of-two scale at ks_ptr / vs_ptr (row * stride_st + KV head): a key's scale
     multiplies its scores; a value's, over the block's largest, multiplies its weight p before the
