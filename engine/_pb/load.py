@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from .ops import fused_moe, fused_norm, fused_proj, fused_rope, fused_router, invariant_gemm, moe_combine
 from .ops import fp8_weights, kv_fp8, moe_gate, moe_one_path, stable_launch, varlen_attention
-from .runtime import tp
+from .runtime import kv_sizing, tp
 
 # model_kwargs(kwargs) -> kwargs: the arguments the weights are loaded with (0200 TP plan, 0220 experts)
 KWARGS = (tp, fused_moe)
 # at_load(): swap in a forward or an operation before the weights load, knob read here
 AT_LOAD = (fused_router, fused_rope, fused_norm, moe_combine, moe_gate, varlen_attention, invariant_gemm,
-           moe_one_path, stable_launch, fp8_weights, kv_fp8)
+           moe_one_path, stable_launch, fp8_weights, kv_fp8, kv_sizing)
 # after_load(model): index FP8 weights and shards (0810; 0310 stacks FP8 layers by that index), rearrange
 # the loaded weights (0310), compile kernels on dummy steps (0450)
 AFTER_LOAD = (fp8_weights, fused_proj, stable_launch)
