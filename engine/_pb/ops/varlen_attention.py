@@ -46,9 +46,9 @@ PB_CACHE_READ (0750) lets the kernels read the cache's own pages through the ste
 the step reads into a new tensor; same bits, a gather less a layer and step.
 
 PB_KV_FP8 (0830) with 0750: the cache's rows are e4m3 (int8 with 0840's PB_KV_INT8) with a
-power-of-two scale a token and KV head (kv_fp8.py). The decode kernels read them, widen the elements to float16 and apply a key's
-scale to its scores and a value's to its weights (KV_FP8): within a rounding of the bfloat16
-kernels over the dequantized cache, not their bits. The prompt blocks read the keys of their
+power-of-two scale a token and KV head (kv_fp8.py). The decode kernels read them, widen the
+elements to float16 and apply a key's scale to its scores and a value's to its weights (KV_FP8):
+within a rounding of the bfloat16 kernels over the dequantized cache, not their bits. The prompt blocks read the keys of their
 sequences dequantized by a gather first (kv_fp8.gather_prompts), which gives those bits; converting
 every element of their 128 x 128 blocks in the kernel made them 1.6-2.3 times slower on an H100.
 """
@@ -77,12 +77,18 @@ def on() -> bool:
     return bool(knobs.get("PB_VARLEN_ATTENTION"))
 
 
+def heads_fit(dim: int, heads: int, kv_heads: int) -> bool:
+    """The head shapes the kernels take: a power-of-two head size of 16 or more, and whole groups
+    of query heads over each KV head (0850 asks the same of a model's config)."""
+    return dim >= 16 and dim & (dim - 1) == 0 and kv_heads > 0 and heads % kv_heads == 0
+
+
 def fits(module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
     """A paged step of plain [1, heads, tokens, dim] tensors this kernel covers (no sliding window)."""
     dim = query.shape[-1]
     heads, kv_heads = query.shape[1], key.shape[1]
     return (type(query) is torch.Tensor and (query.is_cuda or INTERPRET) and query.dim() == 4
-            and query.shape[0] == 1 and dim >= 16 and dim & (dim - 1) == 0 and heads % kv_heads == 0
+            and query.shape[0] == 1 and heads_fit(dim, heads, kv_heads)
             and query.stride(-1) == 1 and key.stride(-1) == 1 and "cu_seq_lens_q" in kwargs
             and torch.is_tensor(kwargs.get("cu_seq_lens_k")) and kwargs.get("block_table") is None
             and getattr(module, "sliding_window", None) is None

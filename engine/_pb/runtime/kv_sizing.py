@@ -11,10 +11,10 @@ values for each cache token, where the token's own keys and values take 4 KiB a 
 H100 with air12 in bf16 the pool got 729 pages of 256 tokens out of 25 GB free, and the masks
 held 6.4 GB that nothing read (W60).
 
-With the knob on, where 0370's kernels take every paged step of the model (0370 on, Triton
-running, every layer full attention, a power-of-two head size, whole groups of query heads over
-each KV head, the sdpa integration), the batching loop allocates no mask and builds none, and
-the sizing charges what attention that reads KV heads as stored costs (upstream's figures for
+With the knob on, where 0370's kernels take every paged step of the model (0370 on, on a GPU
+or under Triton's interpreter, every layer full attention, the head shapes the kernels take
+(varlen_attention.heads_fit), the sdpa integration), the batching loop allocates no mask and
+builds none, and the sizing charges what attention that reads KV heads as stored costs (upstream's figures for
 flash attention). Everything else is upstream's, its max_memory_percent margin included. Where
 the kernels would not take every step the knob changes nothing and the log says why. Should a
 paged step ever reach sdpa's own path without a mask, it fails (`no_mask`) instead of attending
@@ -56,7 +56,7 @@ def why_not(config) -> str | None:
     heads = getattr(config, "num_attention_heads", 0)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
-    if dim < 16 or dim & (dim - 1) or not kv_heads or heads % kv_heads:
+    if not varlen_attention.heads_fit(dim, heads, kv_heads):
         return f"head size {dim} with {heads} heads over {kv_heads} KV heads is not a shape the kernels take"
     return None
 
