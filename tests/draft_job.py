@@ -6,7 +6,12 @@ continuous batching:
 - greedy, the prompts together and each alone (upstream's batch argmax, no Spec);
 - seeded sampled, each request with its own Spec (0630's draws), together and alone;
 - a request that extends another's reply (prefix blocks completed while drafting);
-- thinking under a budget, then JSON under a grammar: masked rows, greedy and sampled.
+- thinking under a budget, then JSON under a grammar: masked rows, greedy and sampled;
+- greedy requests of three reply lengths together, so the load falls as they finish (0820's
+  limit, and under 0860 the asynchronous loop moving between overlapping and waiting).
+
+DRAFT_JOB_DEVICE=cuda runs the model in bfloat16 on the GPU with asynchronous batching (0240's
+two input/output pairs; 0860 drafts inside them), for tests/test_drafts_gpu.py.
 
 It records each reply, how many steps the engine ran, and what drafting steps drafted and kept.
 DRAFT_JOB_PHASES (comma-separated) runs only those phases. Prints one JSON line."""
@@ -24,8 +29,10 @@ from transformers.generation.continuous_batching.input_outputs import Continuous
 from patchbay.measure.draft import prompts as edit_prompts
 
 model_dir, max_new = sys.argv[1], int(sys.argv[2])
-counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0, "held_when_drafting": 0}
-prepare, update, extend = ContinuousBatchingIOs.prepare_batch_tensors, drafts.update, drafts.extend
+device = os.environ.get("DRAFT_JOB_DEVICE", "cpu")
+counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0, "held_when_drafting": 0, "waits": 0}
+prepare, update, extend, after_step = (ContinuousBatchingIOs.prepare_batch_tensors, drafts.update, drafts.extend,
+                                       drafts.after_step)
 
 
 def counting_prepare(self, *args, **kwargs):
@@ -53,12 +60,22 @@ def counting_extend(scheduler, state, *args):
     return tokens
 
 
+def counting_after_step(processor):
+    drafting = processor.scheduler._pb_drafting
+    before = drafting.waits if drafting is not None else 0
+    after_step(processor)
+    if drafting is not None:
+        counts["waits"] += drafting.waits - before
+
+
 ContinuousBatchingIOs.prepare_batch_tensors = counting_prepare
 drafts.update = counting_update
 drafts.extend = counting_extend
+drafts.after_step = counting_after_step
 
 tok = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                                             attn_implementation="sdpa").eval().to(device)
 asked = [ids for _, ids in edit_prompts(tok, 384)][:3]
 eos = model.generation_config.eos_token_id
 
@@ -66,7 +83,8 @@ eos = model.generation_config.eos_token_id
 def cache():
     """A fresh config a run: the engine resolves its unset fields in place (the request count of the
     first run would size every later one's batch)."""
-    return ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512, page_size=32)
+    return ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512, page_size=32,
+                                    use_async_batching=True if device == "cuda" else None)
 
 
 def config():
@@ -80,14 +98,16 @@ def greedy(inputs):
     return [list(out[k].generated_tokens) for k in sorted(out, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
 
 
-def with_specs(requests):
-    """[(request id, prompt ids, Spec)] submitted together to one engine: their replies, in order."""
+def with_specs(requests, lengths=None):
+    """[(request id, prompt ids, Spec or None: greedy)] submitted together to one engine, with
+    replies of `lengths` tokens (default: max_new each): their replies, in order."""
     manager = model.init_continuous_batching(generation_config=config(), continuous_batching_config=cache())
     manager.start()
     try:
-        for rid, ids, spec in requests:
-            sampler.register(rid, spec)
-            manager.add_request(ids, request_id=rid, max_new_tokens=max_new)
+        for k, (rid, ids, spec) in enumerate(requests):
+            if spec is not None:
+                sampler.register(rid, spec)
+            manager.add_request(ids, request_id=rid, max_new_tokens=lengths[k] if lengths else max_new)
         replies = {}
         while len(replies) < len(requests):
             result = manager.get_result(timeout=120)
@@ -133,6 +153,11 @@ def masked(indices, sample: bool):
     return with_specs(requests)
 
 
+def staggered(lengths):
+    """Greedy requests with replies of `lengths` tokens, submitted together to one engine."""
+    return with_specs([(f"g{i}", asked[i], None) for i in range(len(lengths))], lengths)
+
+
 def follow_up(keep: int):
     """A request, then one whose prompt is the first's prompt and the first `keep` tokens of its
     reply, in one engine: the second reuses the prefix blocks the first completed while it
@@ -164,7 +189,8 @@ for phase, run in (("greedy_together", lambda: greedy(asked)),
                    ("follow_up", lambda: follow_up(max_new - 8)),
                    ("masked_greedy", lambda: masked(range(3), False)),
                    ("masked_sampled", lambda: masked(range(3), True)),
-                   ("masked_alone", lambda: [masked([i], True)[0] for i in range(3)])):
+                   ("masked_alone", lambda: [masked([i], True)[0] for i in range(3)]),
+                   ("greedy_staggered", lambda: staggered([max_new // 3, 2 * max_new // 3, max_new]))):
     if os.environ.get("DRAFT_JOB_PHASES") and phase not in os.environ["DRAFT_JOB_PHASES"].split(","):
         continue
     out[phase] = run()

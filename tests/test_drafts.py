@@ -17,7 +17,7 @@ import pytest
 from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_jobs, engine_module
 
 PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up", "masked_greedy",
-          "masked_sampled", "masked_alone")
+          "masked_sampled", "masked_alone", "greedy_staggered")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def draft_runs(patched_engine, trained_model):
     env = {**ALL_ON, **INTERPRETER_ENV}
     runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"},
             "streams": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2",
-                        "DRAFT_JOB_PHASES": "greedy_together,greedy_alone"}}
+                        "DRAFT_JOB_PHASES": "greedy_together,greedy_alone,greedy_staggered"}}
     with engine_jobs("draft_job.py", patched_engine, trained_model, "48", runs=runs, **env) as jobs:
         return jobs["off"].report(), jobs["on"].report(), jobs["streams"].report()
 
@@ -41,6 +41,9 @@ def test_drafted_replies_are_the_serial_replies(draft_runs):
         assert on[phase] == off[phase], phase
     assert off["greedy_together"] == off["greedy_alone"] and off["sampled_together"] == off["sampled_alone"]
     assert off["masked_sampled"] == off["masked_alone"]
+    # three reply lengths together: each reply is the start of the prompt's reply alone
+    assert [len(r) for r in off["greedy_staggered"]] == [16, 32, 48]
+    assert off["greedy_staggered"] == [off["greedy_alone"][i][:n] for i, n in enumerate((16, 32, 48))]
     assert all(len(reply) == 48 for reply in on["greedy_alone"] + on["sampled_alone"])
     end_think = 3990  # synthetic:trained's `</think>`
     for reply in on["masked_greedy"] + on["masked_sampled"]:
@@ -68,8 +71,11 @@ def test_past_the_stream_limit_nothing_drafts(draft_runs):
     assert streams["counts"]["greedy_together"]["held_when_drafting"] <= 2, streams["counts"]
     assert streams["counts"]["greedy_together"]["verify_steps"] < on["counts"]["greedy_together"]["verify_steps"]
     assert streams["counts"]["greedy_alone"] == on["counts"]["greedy_alone"], streams["counts"]
-    for phase in ("greedy_together", "greedy_alone"):
+    for phase in ("greedy_together", "greedy_alone", "greedy_staggered"):
         assert streams[phase] == off[phase], phase
+    # three held at first: no drafts until the shortest reply ends and two remain
+    assert streams["counts"]["greedy_staggered"]["verify_steps"] > 0
+    assert streams["counts"]["greedy_staggered"]["held_when_drafting"] <= 2
 
 
 def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(patched_engine, grammar, tok):
@@ -114,13 +120,17 @@ def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(pa
     assert admitted(None, PB_DRAFT_TOKENS=0) is None
 
 
-def test_only_a_synchronous_processor_drafts(patched_engine):
+def test_only_a_synchronous_processor_drafts_unless_0860(patched_engine):
     """A drafting step needs the last step's tokens before it is prepared: a processor batching
-    asynchronously (0240) gets no drafting, a synchronous one does, on any device."""
+    asynchronously (0240) gets no drafting, a synchronous one does, on any device. With 0860
+    (PB_DRAFT_ASYNC) an asynchronous one drafts too, its first step taken to be in flight (so
+    nothing drafts until the loop waited for one); a server that drafts then keeps 0240's choice
+    instead of batching synchronously. (The loop itself runs on a GPU: test_drafts_gpu.py.)"""
     from types import SimpleNamespace
 
     import torch
 
+    knobs = engine_module(patched_engine, "knobs")
     drafts = engine_module(patched_engine, "runtime.drafts")
 
     def attached(device: str, sync: bool):
@@ -130,8 +140,26 @@ def test_only_a_synchronous_processor_drafts(patched_engine):
         drafts.attach(processor)
         return processor.scheduler._pb_drafting
 
+    def decided(**overrides):
+        knobs.use_request_overrides(overrides)
+        try:
+            cb_config = SimpleNamespace(use_async_batching=None)
+            drafts.decide(cb_config)
+            return cb_config.use_async_batching
+        finally:
+            knobs.use_request_overrides(None)
+
     assert attached("cpu", sync=True) is not None and attached("cpu", sync=False) is None
     assert attached("cuda", sync=True) is not None and attached("cuda", sync=False) is None
+    assert decided(PB_DRAFT_TOKENS=8) is False and decided() is None
+    knobs.use_request_overrides({"PB_DRAFT_ASYNC": True})
+    try:
+        loop = attached("cuda", sync=False)
+        plain = attached("cuda", sync=True)
+    finally:
+        knobs.use_request_overrides(None)
+    assert loop.asynchronous and loop.in_flight and not plain.asynchronous and not plain.in_flight
+    assert decided(PB_DRAFT_TOKENS=8, PB_DRAFT_ASYNC=True) is None
 
 
 def test_a_verify_step_reads_each_rows_prefix(patched_engine):

@@ -332,7 +332,8 @@ def host_tier(generation_state, counter, gauge):
 
 def drafts(generation_state, counter):
     """0800 PB_DRAFT_TOKENS: request steps that verified drafts, tokens drafted, and those kept
-    (nothing while the engine cannot draft: asynchronous batching, or not started)."""
+    (nothing while the engine cannot draft: asynchronous batching without 0860, or not started);
+    0860: the steps the asynchronous loop waited for so that the next could draft."""
     from ..runtime import drafts as drafting
 
     counts = drafting.stats(_processor(generation_state))
@@ -340,7 +341,8 @@ def drafts(generation_state, counter):
         return
     for key, doc in (("steps", "Request steps that verified drafted tokens"),
                      ("drafted", "Tokens drafted from n-gram matches in the prompt and reply"),
-                     ("accepted", "Drafted tokens kept: the reply's own next tokens")):
+                     ("accepted", "Drafted tokens kept: the reply's own next tokens"),
+                     ("waits", "Steps the asynchronous loop waited for so that the next could draft")):
         yield counter(f"pb_draft_{key}", doc, value=counts[key])
 
 

@@ -22,7 +22,9 @@ generator's draws depend on how many came before). What a request may draft is d
 is added, from its own knobs (pb_knobs), and travels with its state, so every tensor-parallel
 rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses). A drafting step
 needs the last step's tokens before it is prepared: with the knob set at start, asynchronous
-batching (0240) is not chosen, and under asynchronous batching nothing drafts.
+batching (0240) is not chosen, and under asynchronous batching nothing drafts, unless 0860
+(PB_DRAFT_ASYNC) keeps it: the loop then waits for a step's tokens only while requests draft
+(`after_step`).
 
 A drafting row's mask reaches xgrammar as a [1, words] bitmask: its GPU kernel reads a 1-D mask's
 stride as the row width and would keep only the first 32 token ids (W54's mismatch on an H100: the
@@ -45,9 +47,15 @@ def requested() -> int:
     return int(knobs.get("PB_DRAFT_TOKENS") or 0)
 
 
+def in_async() -> bool:
+    """0860: drafting inside asynchronous batching (the knob as the server started)."""
+    return bool(knobs.get("PB_DRAFT_ASYNC"))
+
+
 def decide(cb_config) -> None:
-    """Before upstream's (and 0240's) choice: synchronous batching when the server drafts."""
-    if requested() > 0 and cb_config.use_async_batching is None:
+    """Before upstream's (and 0240's) choice: synchronous batching when the server drafts, unless
+    0860 drafts inside the asynchronous loop."""
+    if requested() > 0 and cb_config.use_async_batching is None and not in_async():
         cb_config.use_async_batching = False
 
 
@@ -58,21 +66,92 @@ def rows_for(requests: int, most: int) -> int:
 
 
 class Drafting:
-    """The batch processor's drafting: whether its batches choose plain argmax tokens, and counts."""
+    """The batch processor's drafting: whether its batches choose plain argmax tokens, and counts.
+    Under 0860 also the asynchronous loop's state: whether a launched step awaits its update (its
+    tokens are unknown, so nothing may draft), and whether the step just prepared drafted."""
 
-    def __init__(self, batch_greedy: bool):
+    def __init__(self, batch_greedy: bool, asynchronous: bool = False):
         self.batch_greedy = batch_greedy
+        self.asynchronous = asynchronous
+        # the loop's first step is launched without an update (upstream's bootstrap), so from the
+        # start of an asynchronous loop a step is taken to be in flight until one is waited for
+        self.in_flight = asynchronous
+        self.step_drafted = False
         self.steps = 0  # request steps that verified drafts
         self.drafted = 0  # tokens drafted
         self.accepted = 0  # of them, kept
+        self.waits = 0  # 0860: steps the asynchronous loop waited for
 
 
 def attach(processor) -> None:
-    """At the processor's start: drafting for synchronous batching only."""
-    drafting = not processor.use_async_batching
+    """At the processor's start: drafting for synchronous batching, and with 0860 for
+    asynchronous batching too."""
+    asynchronous = bool(processor.use_async_batching)
+    drafting = not asynchronous or in_async()
     processor.scheduler._pb_drafting = Drafting(
-        not processor.do_sample and not processor.return_logprobs and not processor.logit_processor.do_processing
+        not processor.do_sample and not processor.return_logprobs and not processor.logit_processor.do_processing,
+        asynchronous,
     ) if drafting else None
+
+
+def _loop(processor):
+    """0860's state when the processor drafts inside asynchronous batching, else None."""
+    drafting = getattr(getattr(processor, "scheduler", None), "_pb_drafting", None)
+    return drafting if drafting is not None and drafting.asynchronous else None
+
+
+def update_previous(processor) -> bool:
+    """The loop, after launching a step: whether to update the step before it (upstream's
+    asynchronous order). False when that step was already waited for and updated (0860)."""
+    drafting = _loop(processor)
+    if drafting is None:
+        return True
+    before, drafting.in_flight = drafting.in_flight, True
+    return before
+
+
+def in_flight(processor) -> bool:
+    """At the loop's end: whether the last launched step still awaits its update."""
+    drafting = _loop(processor)
+    return drafting is None or drafting.in_flight
+
+
+def _may_draft(scheduler, drafting) -> bool:
+    """Whether a step prepared now could draft for some request: a decoding request allowed to,
+    within 0820's limit on the requests held."""
+    from ...generation.continuous_batching.requests import RequestStatus
+
+    held = len(scheduler.active_requests) + len(scheduler.waiting_requests)
+    streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)
+    if streams and held > streams:
+        return False
+    for state in scheduler.active_requests.values():
+        limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
+        if limit > 0 and state.status == RequestStatus.DECODING and (drafting.batch_greedy or not needs_greedy):
+            return True
+    return False
+
+
+def after_step(processor) -> None:
+    """0860, the loop after launching a step and updating the one before: wait for this step and
+    update it now when it verified drafts (the next step's inputs are its kept tokens, which no
+    carry-over can place) or when a step prepared next could draft. The IO pair it used then
+    carries nothing over into the next step: the host writes the tokens itself."""
+    drafting = _loop(processor)
+    if drafting is None:
+        return
+    drafted, drafting.step_drafted = drafting.step_drafted, False
+    if not drafted and not _may_draft(processor.scheduler, drafting):
+        return
+    ios = processor.inputs_and_outputs
+    ios.swap_io_pairs()  # back to the pair of the step just launched (its launch swapped)
+    try:
+        processor.update_batch()  # waits for the step's outputs
+        ios.io_pairs[ios.current_pair].host_io.req_id_to_new_token_position = {}
+    finally:
+        ios.swap_io_pairs()
+    drafting.in_flight = False
+    drafting.waits += 1
 
 
 def admit(state) -> None:
@@ -169,7 +248,8 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
     drafting = getattr(scheduler, "_pb_drafting", None)
     limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
     if (drafting is None or limit <= 0 or state.status != RequestStatus.DECODING or len(request_tokens) != 1
-            or (needs_greedy and not drafting.batch_greedy) or scheduler.cache.read_cache_limit is not None):
+            or (needs_greedy and not drafting.batch_greedy) or scheduler.cache.read_cache_limit is not None
+            or drafting.in_flight):  # 0860: the last step's token is not known yet
         return request_tokens
     streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)  # 0820: no drafts past this many requests held
     if streams and len(scheduler.active_requests) + len(scheduler.waiting_requests) > streams:
@@ -197,6 +277,7 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
     if not guess:
         return request_tokens
     state._pb_drafts = tuple(guess)
+    drafting.step_drafted = True  # 0860: the loop waits for this step
     state.tokens_to_process = list(request_tokens) + guess
     return state.tokens_to_process
 
@@ -355,4 +436,5 @@ def stats(processor) -> dict | None:
     drafting = getattr(getattr(processor, "scheduler", None), "_pb_drafting", None)
     if drafting is None:
         return None
-    return {"steps": drafting.steps, "drafted": drafting.drafted, "accepted": drafting.accepted}
+    return {"steps": drafting.steps, "drafted": drafting.drafted, "accepted": drafting.accepted,
+            "waits": drafting.waits}
