@@ -116,20 +116,26 @@ def in_flight(processor) -> bool:
     return drafting is None or drafting.in_flight
 
 
-def _may_draft(scheduler, drafting) -> bool:
-    """Whether a step prepared now could draft for some request: a decoding request allowed to,
-    within 0820's limit on the requests held."""
+def _within_limit(scheduler) -> bool:
+    """0820: whether the scheduler holds no more requests (decoding, prefilling or waiting) than
+    PB_DRAFT_STREAMS (0: any number)."""
+    streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)
+    return not streams or len(scheduler.active_requests) + len(scheduler.waiting_requests) <= streams
+
+
+def _drafts_now(state, drafting) -> bool:
+    """Whether a request may draft in its next step: allowed to (admit), decoding, and its choice
+    the batch's argmax where it needs that."""
     from ...generation.continuous_batching.requests import RequestStatus
 
-    held = len(scheduler.active_requests) + len(scheduler.waiting_requests)
-    streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)
-    if streams and held > streams:
-        return False
-    for state in scheduler.active_requests.values():
-        limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
-        if limit > 0 and state.status == RequestStatus.DECODING and (drafting.batch_greedy or not needs_greedy):
-            return True
-    return False
+    limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
+    return limit > 0 and state.status == RequestStatus.DECODING and (drafting.batch_greedy or not needs_greedy)
+
+
+def _may_draft(scheduler, drafting) -> bool:
+    """Whether a step prepared now could draft for some request (extend's own rules)."""
+    return _within_limit(scheduler) and any(_drafts_now(state, drafting)
+                                            for state in scheduler.active_requests.values())
 
 
 def after_step(processor) -> None:
@@ -242,18 +248,14 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
            request_budget: int) -> list:
     """The scheduler's tokens for a decoding request: its last token and, where it drafts, the
     drafts; each becomes a row of the step, reading its own prefix of the cache."""
-    from ...generation.continuous_batching.requests import RequestStatus
-
     state.__dict__.pop("_pb_drafts", None)  # the last step's, verified
     drafting = getattr(scheduler, "_pb_drafting", None)
-    limit, needs_greedy = state.__dict__.get("_pb_draft", (0, False))
-    if (drafting is None or limit <= 0 or state.status != RequestStatus.DECODING or len(request_tokens) != 1
-            or (needs_greedy and not drafting.batch_greedy) or scheduler.cache.read_cache_limit is not None
-            or drafting.in_flight):  # 0860: the last step's token is not known yet
+    if (drafting is None or not _drafts_now(state, drafting) or len(request_tokens) != 1
+            or scheduler.cache.read_cache_limit is not None
+            or drafting.in_flight  # 0860: the last step's token is not known yet
+            or not _within_limit(scheduler)):  # 0820: no drafts past this many requests held
         return request_tokens
-    streams = int(knobs.get("PB_DRAFT_STREAMS") or 0)  # 0820: no drafts past this many requests held
-    if streams and len(scheduler.active_requests) + len(scheduler.waiting_requests) > streams:
-        return request_tokens
+    limit = state._pb_draft[0]
     walk = state.__dict__.get("_pb_walk")
     if walk is None:
         walk = state._pb_walk = _Walk(limit)
