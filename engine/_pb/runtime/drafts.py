@@ -153,9 +153,15 @@ def after_step(processor) -> None:
     ios.swap_io_pairs()  # back to the pair of the step just launched (its launch swapped)
     try:
         processor.update_batch()  # waits for the step's outputs
-        ios.io_pairs[ios.current_pair].host_io.req_id_to_new_token_position = {}
-    finally:
-        ios.swap_io_pairs()
+    except Exception:
+        # Left on this step's pair, so 0510 fails the requests of the step that faulted. Nothing is
+        # in flight after it: the next step is prepared into this pair and carries nothing over
+        # from the other one (updated already).
+        drafting.in_flight = False
+        ios.io_pairs[1 - ios.current_pair].host_io.req_id_to_new_token_position = {}
+        raise
+    ios.io_pairs[ios.current_pair].host_io.req_id_to_new_token_position = {}
+    ios.swap_io_pairs()
     drafting.in_flight = False
     drafting.waits += 1
 
