@@ -214,7 +214,7 @@ def engine_jobs(script: str, engine: build.Engine, *args: str, runs: dict[str, d
     jobs: dict[str, EngineJob] = {}
     try:
         for name, extra in runs.items():
-            jobs[name] = EngineJob(script, engine, *args, timeout=timeout, **env, **extra)
+            jobs[name] = EngineJob(script, engine, *args, timeout=timeout, **{**env, **extra})
         yield jobs
     finally:
         for job in jobs.values():

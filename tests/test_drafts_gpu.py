@@ -40,7 +40,9 @@ def async_runs(trained_model):
     """tests/draft_job.py on the GPU (bfloat16, asynchronous batching), the production set's knobs
     on one GPU with 0860: without drafting; drafting at any load (the loop waits for every step
     while a request may draft); drafting within 0820's limit of 2 (it overlaps while three are
-    held). The engine on PYTHONPATH (scripts/gpu-run.sh patched)."""
+    held). draft_job builds the model through the server's load sequence, so its steps take the
+    batch-invariant kernels (W62: without them a seeded sampled reply parted from the serial one).
+    The engine on PYTHONPATH (scripts/gpu-run.sh patched)."""
     import json
     import os
     import subprocess
@@ -51,7 +53,8 @@ def async_runs(trained_model):
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     prod = {**knob_set("prod"), "PB_TENSOR_PARALLEL": "0", "PB_HOST_TIER_MB": "0", "PB_DRAFT_ASYNC": "1"}
-    runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"}, "limit": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2"}}
+    runs = {"off": {"PB_DRAFT_TOKENS": "0"}, "on": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "0"},
+            "limit": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2"}}
     job = Path(__file__).with_name("draft_job.py")
     reports = {}
     for name, extra in runs.items():
