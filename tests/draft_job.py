@@ -27,10 +27,12 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingIOs
 
 from patchbay.measure.draft import prompts as edit_prompts
+from patchbay.runtime import load_hooks
 
 model_dir, max_new = sys.argv[1], int(sys.argv[2])
 device = os.environ.get("DRAFT_JOB_DEVICE", "cpu")
-counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0, "held_when_drafting": 0, "waits": 0}
+counts = {"steps": 0, "rows": 0, "verify_steps": 0, "drafted": 0, "kept": 0, "held_when_drafting": 0, "waits": 0,
+          "passed": 0}
 prepare, update, extend, after_step = (ContinuousBatchingIOs.prepare_batch_tensors, drafts.update, drafts.extend,
                                        drafts.after_step)
 
@@ -53,7 +55,11 @@ def counting_update(processor, future_state, *args):
 
 
 def counting_extend(scheduler, state, *args):
+    drafting = getattr(scheduler, "_pb_drafting", None)
+    before = drafting.passed if drafting is not None else 0
     tokens = extend(scheduler, state, *args)
+    if drafting is not None:  # 0870: steps a request passed, backing off
+        counts["passed"] += drafting.passed - before
     if drafts.drafts_of(state):  # the most requests the scheduler held when one drafted (0820)
         held = len(scheduler.active_requests) + len(scheduler.waiting_requests)
         counts["held_when_drafting"] = max(counts["held_when_drafting"], held)
@@ -74,8 +80,17 @@ drafts.extend = counting_extend
 drafts.after_step = counting_after_step
 
 tok = AutoTokenizer.from_pretrained(model_dir)
+# On the GPU the model takes the server's load sequence (the knobs' kernels swapped in, the fused
+# weights), so its steps are batch-invariant in bfloat16 as a server's are: without it cuBLAS and
+# sdpa pick kernels by a step's row count, and a drafting step's rows lose the serial step's bits
+# (a seeded sampled reply parted from the serial one on an H100). On the CPU, torch's plain
+# float32 kernels are invariant already.
+load = load_hooks.sequence() if device == "cuda" else None
+load_kwargs = load.before({}) if load is not None else {}
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                                             attn_implementation="sdpa").eval().to(device)
+                                             attn_implementation="sdpa", **load_kwargs).eval().to(device)
+if load is not None:
+    load.after(model)
 asked = [ids for _, ids in edit_prompts(tok, 384)][:3]
 eos = model.generation_config.eos_token_id
 

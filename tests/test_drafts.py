@@ -18,16 +18,20 @@ from .conftest import ALL_ON, INTERPRETER_ENV, Server, engine_jobs, engine_modul
 
 PHASES = ("greedy_together", "greedy_alone", "sampled_together", "sampled_alone", "follow_up", "masked_greedy",
           "masked_sampled", "masked_alone", "greedy_staggered")
+BACKOFF_PHASES = ("greedy_together", "sampled_together", "masked_sampled")
 
 
 @pytest.fixture(scope="module")
 def draft_runs(patched_engine, trained_model):
     env = {**ALL_ON, **INTERPRETER_ENV}
-    runs = {"off": {}, "on": {"PB_DRAFT_TOKENS": "8"},
+    # off and on whatever the production set drafts with; on: at any load
+    runs = {"off": {"PB_DRAFT_TOKENS": "0"}, "on": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "0"},
             "streams": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2",
-                        "DRAFT_JOB_PHASES": "greedy_together,greedy_alone,greedy_staggered"}}
+                        "DRAFT_JOB_PHASES": "greedy_together,greedy_alone,greedy_staggered"},
+            "backoff": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "0", "PB_DRAFT_BACKOFF": "16",
+                        "DRAFT_JOB_PHASES": ",".join(BACKOFF_PHASES)}}
     with engine_jobs("draft_job.py", patched_engine, trained_model, "48", runs=runs, **env) as jobs:
-        return jobs["off"].report(), jobs["on"].report(), jobs["streams"].report()
+        return jobs["off"].report(), jobs["on"].report(), jobs["streams"].report(), jobs["backoff"].report()
 
 
 def test_drafted_replies_are_the_serial_replies(draft_runs):
@@ -36,7 +40,7 @@ def test_drafted_replies_are_the_serial_replies(draft_runs):
     drafted); requests that think under a 12-token budget and then write JSON under a grammar
     (masked rows, `</think>` forced): every reply with drafts is the reply without, token for
     token."""
-    off, on, _ = draft_runs
+    off, on, *_ = draft_runs
     for phase in PHASES:
         assert on[phase] == off[phase], phase
     assert off["greedy_together"] == off["greedy_alone"] and off["sampled_together"] == off["sampled_alone"]
@@ -53,7 +57,7 @@ def test_drafted_replies_are_the_serial_replies(draft_runs):
 def test_drafting_keeps_drafts_and_takes_fewer_steps(draft_runs):
     """With the knob, every phase verified drafts and kept some; a lone greedy request took at most
     two thirds of the steps; unset, nothing drafted."""
-    off, on, _ = draft_runs
+    off, on, *_ = draft_runs
     for phase in PHASES:
         assert off["counts"][phase]["verify_steps"] == 0, phase
         counts = on["counts"][phase]
@@ -66,7 +70,7 @@ def test_past_the_stream_limit_nothing_drafts(draft_runs):
     """0820 PB_DRAFT_STREAMS=2: while the scheduler holds three requests nothing drafts (without the
     limit, requests drafted with three held), each prompt alone drafts as without the limit, and
     every reply is the serial one."""
-    off, on, streams = draft_runs
+    off, on, streams, _ = draft_runs
     assert on["counts"]["greedy_together"]["held_when_drafting"] == 3, on["counts"]
     assert streams["counts"]["greedy_together"]["held_when_drafting"] <= 2, streams["counts"]
     assert streams["counts"]["greedy_together"]["verify_steps"] < on["counts"]["greedy_together"]["verify_steps"]
@@ -118,6 +122,22 @@ def test_only_requests_whose_choice_reads_logits_seed_position_and_mask_draft(pa
         assert admitted(spec) is None, spec
     assert admitted(sampler.Spec(do_sample=True, seed=3), PB_BATCHED_SAMPLER=False) is None
     assert admitted(None, PB_DRAFT_TOKENS=0) is None
+
+
+def test_a_request_whose_tries_keep_nothing_backs_off(draft_runs):
+    """0870 PB_DRAFT_BACKOFF=16: after tries that kept nothing (no match, or every draft rejected)
+    a request passes steps without trying; replies stay the serial ones, it tries less often than
+    without the knob, and what it keeps a try is at least as much."""
+    off, on, _, backoff = draft_runs
+    for phase in BACKOFF_PHASES:
+        assert backoff[phase] == off[phase], phase
+    assert all(on["counts"][phase]["passed"] == 0 for phase in PHASES), on["counts"]
+    counts = [backoff["counts"][phase] for phase in BACKOFF_PHASES]
+    before = [on["counts"][phase] for phase in BACKOFF_PHASES]
+    assert sum(c["passed"] for c in counts) > 0, counts
+    assert sum(c["verify_steps"] for c in counts) < sum(c["verify_steps"] for c in before), (counts, before)
+    kept = sum(c["kept"] for c in counts) / sum(c["verify_steps"] for c in counts)
+    assert kept >= sum(c["kept"] for c in before) / sum(c["verify_steps"] for c in before) * 0.9, (counts, before)
 
 
 def test_only_a_synchronous_processor_drafts_unless_0860(patched_engine):

@@ -333,7 +333,8 @@ def host_tier(generation_state, counter, gauge):
 def drafts(generation_state, counter):
     """0800 PB_DRAFT_TOKENS: request steps that verified drafts, tokens drafted, and those kept
     (nothing while the engine cannot draft: asynchronous batching without 0860, or not started);
-    0860: the steps the asynchronous loop waited for so that the next could draft."""
+    0860: the steps the asynchronous loop waited for so that the next could draft; 0870: the request
+    steps that passed without trying, backing off."""
     from ..runtime import drafts as drafting
 
     counts = drafting.stats(_processor(generation_state))
@@ -342,7 +343,8 @@ def drafts(generation_state, counter):
     for key, doc in (("steps", "Request steps that verified drafted tokens"),
                      ("drafted", "Tokens drafted from n-gram matches in the prompt and reply"),
                      ("accepted", "Drafted tokens kept: the reply's own next tokens"),
-                     ("waits", "Steps the asynchronous loop waited for so that the next could draft")):
+                     ("waits", "Steps the asynchronous loop waited for so that the next could draft"),
+                     ("passed", "Request steps that passed without trying to draft, backing off (0870)")):
         yield counter(f"pb_draft_{key}", doc, value=counts[key])
 
 

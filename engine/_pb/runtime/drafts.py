@@ -24,7 +24,9 @@ rank drafts alike (a row's mask only changes which of its tokens rank 0 chooses)
 needs the last step's tokens before it is prepared: with the knob set at start, asynchronous
 batching (0240) is not chosen, and under asynchronous batching nothing drafts, unless 0860
 (PB_DRAFT_ASYNC) keeps it: the loop then waits for a step's tokens only while requests draft
-(`after_step`).
+(`after_step`). With 0870 (PB_DRAFT_BACKOFF) a request whose tries keep nothing passes a growing
+number of its steps without trying (`_Walk.tried`), so text that does not repeat stops paying for
+rejected rows and for the loop's waits.
 
 A drafting row's mask reaches xgrammar as a [1, words] bitmask: its GPU kernel reads a 1-D mask's
 stride as the row width and would keep only the first 32 token ids (W54's mismatch on an H100: the
@@ -45,6 +47,12 @@ PROMPT_SLICE = 4096  # prompt tokens a step files in a request's lookup (a 32K p
 def requested() -> int:
     """The knob's value for the current request (its pb_knobs, else the server's)."""
     return int(knobs.get("PB_DRAFT_TOKENS") or 0)
+
+
+def backoff() -> int:
+    """0870: the most steps a request passes without drafting after tries that kept nothing (0: it
+    tries every step)."""
+    return int(knobs.get("PB_DRAFT_BACKOFF") or 0)
 
 
 def in_async() -> bool:
@@ -81,6 +89,7 @@ class Drafting:
         self.drafted = 0  # tokens drafted
         self.accepted = 0  # of them, kept
         self.waits = 0  # 0860: steps the asynchronous loop waited for
+        self.passed = 0  # 0870: request steps that passed without trying, backing off
 
 
 def attach(processor) -> None:
@@ -134,8 +143,15 @@ def _drafts_now(state, drafting) -> bool:
 
 def _may_draft(scheduler, drafting) -> bool:
     """Whether a step prepared now could draft for some request (extend's own rules)."""
-    return _within_limit(scheduler) and any(_drafts_now(state, drafting)
+    return _within_limit(scheduler) and any(_drafts_now(state, drafting) and not _backing_off(state)
                                             for state in scheduler.active_requests.values())
+
+
+def _backing_off(state) -> bool:
+    """0870: whether the request's next step passes without trying (its walk's count of steps to
+    pass is not spent)."""
+    walk = state.__dict__.get("_pb_walk")
+    return walk is not None and walk.skip > 0
 
 
 def after_step(processor) -> None:
@@ -243,11 +259,24 @@ def _row_masks(state, spec, drafts: tuple) -> list:
 
 
 class _Walk:
-    """A request's lookup over its prompt and reply, and its next draft length."""
+    """A request's lookup over its prompt and reply, its next draft length, and 0870's backoff."""
 
     def __init__(self, limit: int):
         self.lookup = Lookup((), LONGEST, SHORTEST)
         self.length = limit
+        self.misses = 0  # 0870: tries in a row that kept nothing
+        self.skip = 0  # 0870: steps to pass before the next try
+
+    def tried(self, kept: int) -> None:
+        """0870: after a try that kept `kept` drafts (0: the lookup found none, or every draft was
+        rejected): after the n-th such try in a row the request passes 2**n steps, at most the
+        knob's count, before it tries again; a try that keeps one ends the backoff."""
+        most = backoff()
+        if kept or not most:
+            self.misses = self.skip = 0
+            return
+        self.misses += 1
+        self.skip = min(1 << min(self.misses, 30), most)
 
 
 def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budget: int,
@@ -256,15 +285,20 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
     drafts; each becomes a row of the step, reading its own prefix of the cache."""
     state.__dict__.pop("_pb_drafts", None)  # the last step's, verified
     drafting = getattr(scheduler, "_pb_drafting", None)
-    if (drafting is None or not _drafts_now(state, drafting) or len(request_tokens) != 1
-            or scheduler.cache.read_cache_limit is not None
-            or drafting.in_flight  # 0860: the last step's token is not known yet
-            or not _within_limit(scheduler)):  # 0820: no drafts past this many requests held
+    if drafting is None or not _drafts_now(state, drafting) or len(request_tokens) != 1:
         return request_tokens
     limit = state._pb_draft[0]
     walk = state.__dict__.get("_pb_walk")
     if walk is None:
         walk = state._pb_walk = _Walk(limit)
+    if walk.skip:  # 0870: backing off, a step of its own passed (also one prepared while another is in flight)
+        walk.skip -= 1
+        drafting.passed += 1
+        return request_tokens
+    if (scheduler.cache.read_cache_limit is not None
+            or drafting.in_flight  # 0860: the last step's token is not known yet
+            or not _within_limit(scheduler)):  # 0820: no drafts past this many requests held
+        return request_tokens
     known = len(walk.lookup.ids)
     if known < len(state.initial_tokens):
         # a long prompt is filed a slice a step (about 4 ms a slice here), not in one stall of
@@ -277,6 +311,8 @@ def extend(scheduler, state, request_tokens: list, token_budget: int, cache_budg
     most = min(walk.length, limit, state._new_tokens_limit - state.generated_len() - 1, token_budget - 1,
                request_budget - 1)
     guess = walk.lookup.propose(most) if most > 0 else []
+    if most > 0 and not guess:
+        walk.tried(0)  # 0870: a try that found nothing (under 0860 the loop waited for it)
     past = state.position_offset
     while guess and read_needed(past, len(guess)) > cache_budget:
         guess = guess[:-1]
@@ -414,6 +450,7 @@ def update(processor, future_state, new_tokens: list, logprobs, index: int, pend
             budget.began = tokens_before + began_row  # the thinking began on a kept row
     walk = state._pb_walk
     walk.length = min(state._pb_draft[0], kept + 1)
+    walk.tried(kept)  # 0870
     drafting = processor.scheduler._pb_drafting
     drafting.steps += 1
     drafting.drafted += len(drafts)
@@ -445,4 +482,4 @@ def stats(processor) -> dict | None:
     if drafting is None:
         return None
     return {"steps": drafting.steps, "drafted": drafting.drafted, "accepted": drafting.accepted,
-            "waits": drafting.waits}
+            "waits": drafting.waits, "passed": drafting.passed}
