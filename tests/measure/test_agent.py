@@ -36,6 +36,25 @@ def test_texts_are_distinct_real_and_fixed_by_the_seed():
     assert len(texts.body(3, 200_000)) >= 200_000  # a long prompt runs on into the next files
 
 
+def test_tasks_choose_the_instructions_and_keep_the_texts_distinct():
+    assert agent.parse_tasks(None) is None
+    assert agent.parse_tasks("prose, edit") == ["edit", "prose"]  # TASKS' order
+    for bad in ("edit,rewrite", ",", ""):
+        with pytest.raises(agent.AgentError, match="known: explain, edit, prose, review, tests"):
+            agent.parse_tasks(bad)
+    edits = agent.Texts(0, ["edit"])
+    assert {edits.task(i)[0] for i in range(40)} == {"edit"}
+    bodies = [edits.body(i, 1500)[:1500] for i in range(40)]
+    assert len(set(bodies)) == 40 and all(b.startswith("# file: ") for b in bodies)
+    prose = agent.Texts(0, ["prose"])
+    assert {prose.task(i)[0] for i in range(10)} == {"prose"}
+    assert not any(prose.body(i, 1500).startswith("# file: ") for i in range(10))
+    both = agent.Texts(0, ["edit", "prose"])
+    assert {both.task(i)[0] for i in range(10)} == {"edit", "prose"}
+    everything = agent.Texts(0)  # no choice: every task, as before --tasks existed
+    assert [everything.task(i) for i in range(10)] == [agent.TASKS[i % len(agent.TASKS)][:2] for i in range(10)]
+
+
 def test_a_prompt_is_fitted_to_its_target_and_keeps_its_instruction():
     texts = agent.Texts(0)
     for target in (120, 600, 5000):
@@ -185,6 +204,10 @@ def test_flags_of_one_workload_are_refused_with_the_other(capsys):
     assert "--suites: not flags of --workload agent" in capsys.readouterr().err
     assert verbs.run("ab", ["--url", "http://127.0.0.1:9", "--knob", "PB_X=0,1", "--modes", "json"]) == 2
     assert "--modes: flags of --workload agent" in capsys.readouterr().err
+    assert verbs.run("ab", ["--url", "http://127.0.0.1:9", "--knob", "PB_X=0,1", "--tasks", "edit"]) == 2
+    assert "--tasks: flags of --workload agent" in capsys.readouterr().err
+    assert verbs.run("ab", ["--url", "http://127.0.0.1:9", "--workload", "agent", "--tasks", "rewrite"]) == 2
+    assert "--tasks rewrite: unknown task(s) rewrite" in capsys.readouterr().err
     assert verbs.run("ab", ["--url", "http://127.0.0.1:9", "--workload", "agent", "--prompt-tokens", "lots"]) == 2
     assert "--prompt-tokens lots" in capsys.readouterr().err
 
@@ -264,7 +287,7 @@ def test_a_replay_resends_one_prompt_and_finds_it_cached(server_on, tmp_path):
     """--modes replay: each stream sends its prompt --turns times, greedy; the sends after the
     first find its complete 256-token block in the prefix cache and reply the same."""
     proc = subprocess.run([sys.executable, "-m", "patchbay", "ab", "--url", server_on.url, "--model", server_on.model,
-                           "--workload", "agent", "--modes", "replay", "--concurrency", "2", "--reps", "1",
+                           "--workload", "agent", "--modes", "replay", "--tasks", "edit", "--concurrency", "2", "--reps", "1",
                            "--warmup", "0", "--max-tokens", "8", "--turns", "3", "--prompt-tokens", "600",
                            "--results-dir", str(tmp_path), "--window", "replay"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -272,9 +295,11 @@ def test_a_replay_resends_one_prompt_and_finds_it_cached(server_on, tmp_path):
     window = tmp_path / "W01-replay"
     sends = {}
     for r in windows.read_raw(window):
-        assert r["error"] is None and r["mode"] == "replay", r
+        assert r["error"] is None and r["mode"] == "replay" and r["prompt"].startswith("edit-"), r
         sends.setdefault(r["stream"], {})[r["turn"]] = r
     assert sorted(sends) == [0, 1] and all(sorted(s) == [0, 1, 2] for s in sends.values())
+    assert json.loads((window / "config.json").read_text())["tasks"] == ["edit"]
+    assert "; tasks edit" in (window / "SUMMARY.md").read_text()
     for s in sends.values():
         assert 256 < s[0]["prompt_tokens"] <= 512 - 8
         assert len({r["prompt_tokens"] for r in s.values()}) == 1 and len({r["text_sha256"] for r in s.values()}) == 1

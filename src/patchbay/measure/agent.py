@@ -108,6 +108,19 @@ def parse_modes(text: str | None) -> list[str]:
     return names
 
 
+def parse_tasks(text: str | None) -> list[str] | None:
+    """--tasks: kinds of TASKS, in TASKS' order (None: all of them)."""
+    if text is None:
+        return None
+    kinds = [t[0] for t in TASKS]
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in names if k not in kinds]
+    if unknown or not names:
+        raise AgentError(f"--tasks {text}: unknown task(s) {', '.join(unknown) or '(none given)'} "
+                         f"(known: {', '.join(kinds)})")
+    return [k for k in kinds if k in names]
+
+
 # ---- the texts ---------------------------------------------------------------------------------
 
 
@@ -137,18 +150,19 @@ class Texts:
     """Text number i: a code file (and the ones after it, for long prompts) or prose, distinct for
     every i below the pool's size (beyond it, the same files from a later line)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, tasks: list[str] | None = None):
         self.seed = seed
+        self.tasks = [t for t in TASKS if t[0] in tasks] if tasks else list(TASKS)
         self.files = stdlib_files(seed)
         self.prose = prose_texts()
         self.root = Path(sysconfig.get_paths()["stdlib"])
 
     def task(self, i: int) -> tuple[str, str]:
-        return TASKS[(i + self.seed) % len(TASKS)][:2]
+        return self.tasks[(i + self.seed) % len(self.tasks)][:2]
 
     def body(self, i: int, chars: int) -> str:
         """At least `chars` characters (when there is that much text) of text number i."""
-        source = TASKS[(i + self.seed) % len(TASKS)][2]
+        source = self.tasks[(i + self.seed) % len(self.tasks)][2]
         if source == "prose":
             n = len(self.prose)
             k = i % n
@@ -316,7 +330,7 @@ def words(text: str) -> int:
 # ---- the command line ------------------------------------------------------------------------
 
 SUITE_ONLY = ("suites", "max_prompt_tokens", "cold", "distinct_copies")  # ab flags of the suites workload
-AGENT_ONLY = ("modes", "prompt_tokens", "requests", "turns", "turn_tokens")
+AGENT_ONLY = ("modes", "tasks", "prompt_tokens", "requests", "turns", "turn_tokens")
 
 
 def add_arguments(ab) -> None:
@@ -326,6 +340,9 @@ def add_arguments(ab) -> None:
                          "(distinct real-text prompts, --modes, streams sending requests one after another)")
     ab.add_argument("--modes", metavar="MODE,...", help=f"agent: the request modes, paired in one run (default: "
                     f"{','.join(DEFAULT_MODES)}; known: {', '.join(MODES)})")
+    ab.add_argument("--tasks", metavar="KIND,...", help="agent: the instructions its prompts carry, taken in turn "
+                    f"(default: all of {', '.join(t[0] for t in TASKS)}): edit alone, say, for the replies that "
+                    "copy their prompt")
     ab.add_argument("--prompt-tokens", metavar="N|max", help="agent: prompt length in tokens, lowered to fit the "
                     "context /v1/models reports; max: the most the context holds (default: 600)")
     ab.add_argument("--requests", type=int, help="agent: requests each stream sends one after another in a pass "
@@ -348,7 +365,8 @@ def settings(args) -> dict:
         prompt_tokens = int(text)
     else:
         raise AgentError(f"--prompt-tokens {text}: a whole number of at least 32, or max")
-    out = {"modes": parse_modes(args.modes), "prompt_tokens": prompt_tokens, "requests": args.requests or 2,
+    out = {"modes": parse_modes(args.modes), "tasks": parse_tasks(args.tasks), "prompt_tokens": prompt_tokens,
+           "requests": args.requests or 2,
            "turns": args.turns or 4, "turn_tokens": args.turn_tokens or 300, "max_tokens": args.max_tokens or 256}
     for name in ("requests", "turns", "turn_tokens", "max_tokens"):
         if out[name] < 1:

@@ -187,7 +187,8 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
                 if config.get("b_server") else ""),
              "- arms: " + ", ".join(f"{a} `pb_knobs` = `{json.dumps(k)}`" for a, k in config["arms"].items()),
              f"- workload: agent; modes {', '.join(config['modes'])}"
-             + "".join(f"; **{m} skipped**: {why}" for m, why in config["skipped"].items()),
+             + "".join(f"; **{m} skipped**: {why}" for m, why in config["skipped"].items())
+             + (f"; tasks {', '.join(config['tasks'])}" if config.get("tasks") else ""),
              f"- prompts: {fit['text_tokens']} tokens each (context {config['context'] or 'not reported'}"
              + (f"; the tools modes' {fit['tools']} tools add {fit['tools_tokens']}" if fit["tools_tokens"] else "") + f"), {config['requests_per_stream']} "
              f"per stream and pass; conversation: {config['turns']} turns from {fit['first_turn_tokens']} tokens, "

@@ -58,7 +58,7 @@ def chars_per_token(texts: agent.Texts, count) -> float:
     from .prompts import Prompt
 
     chars = tokens = 0
-    for i in range(len(agent.TASKS)):
+    for i in range(len(texts.tasks)):
         body = texts.body(i, 3000)[:3000]
         p = Prompt("calibrate", "calibrate", "x", body)
         chars += len(body)
@@ -67,7 +67,8 @@ def chars_per_token(texts: agent.Texts, count) -> float:
 
 
 def prepare(url: str, model: str | None, modes: list[str], levels: list[int], requests: int, turns: int,
-            prompt_tokens: int | None, turn_tokens: int, max_tokens: int, seed: int, progress=None) -> dict:
+            prompt_tokens: int | None, turn_tokens: int, max_tokens: int, seed: int, progress=None,
+            tasks: list[str] | None = None) -> dict:
     """The server's facts, the fitted lengths and every pass's prompts (built once, used by every
     rep, arm and mode; each request's session line makes it its own)."""
     from .soak import context_length
@@ -75,7 +76,7 @@ def prepare(url: str, model: str | None, modes: list[str], levels: list[int], re
     info = bench.server_info(url, model)
     count = bench.token_counter(url, info["model"])
     try:
-        texts = agent.Texts(seed)
+        texts = agent.Texts(seed, tasks)
         fitted = agent.fit_lengths(context_length(url, info["model"]), prompt_tokens, max_tokens, modes, turns,
                                    turn_tokens, tools_overhead(count) if any(
                                        m.startswith("tools") for m in modes) else {})
@@ -298,7 +299,7 @@ def from_args(args, arms: dict, url: str, b_url: str | None, levels: list[int], 
         raise BenchError(str(e), 2) from None
     say = note or (lambda *_: None)
     ready = prepare(url, args.model, s["modes"], levels, s["requests"], s["turns"], s["prompt_tokens"],
-                    s["turn_tokens"], s["max_tokens"], args.seed, say)
+                    s["turn_tokens"], s["max_tokens"], args.seed, say, s["tasks"])
     server, fitted = ready["server"], ready["fitted"]
     for line in fitted.notes:
         say(line)
@@ -317,5 +318,6 @@ def from_args(args, arms: dict, url: str, b_url: str | None, levels: list[int], 
     window = windows.create(results_dir, args.window) if args.window else None
     result = execute(plan, server, window, command, progress=progress, switch=restart,
                      restarts=restart.describe() if restart else None,
-                     extra={"chars_per_token": round(ready["chars_per_token"], 3)})
+                     extra={"chars_per_token": round(ready["chars_per_token"], 3),
+                            "tasks": s["tasks"] or [t[0] for t in agent.TASKS]})
     return result, window
