@@ -289,9 +289,12 @@ def graphs_held(processor) -> int:
     return sum(len(getattr(getattr(h, "graphs", None), "_storage", ())) for h in holders if h is not None)
 
 
-def gpu_memory(gauge):
+def gpu_memory(gauge, counter):
     """This process's CUDA memory as torch's allocator counts it, per device (nothing without
-    CUDA): what tensors hold, what the allocator keeps from the driver, and the peak held."""
+    CUDA): what tensors hold, what the allocator keeps from the driver, the peak held, and how
+    often an allocation found no room, so the allocator gave its cached blocks back to the driver
+    and asked again (each such retry waits for the device: a pool sized too close to the card's
+    memory shows here before it runs out)."""
     import torch
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
@@ -300,9 +303,12 @@ def gpu_memory(gauge):
                 gauge("pb_gpu_memory_reserved_bytes", "CUDA memory the caching allocator holds", labels=["device"]),
                 gauge("pb_gpu_memory_peak_allocated_bytes", "The most CUDA memory tensors held since start",
                       labels=["device"])]
+    families.append(counter("pb_gpu_memory_alloc_retries", "Allocations that found no room until the caching "
+                            "allocator gave its free blocks back to the driver", labels=["device"]))
     for device in range(torch.cuda.device_count()):
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
         for family, value in zip(families, (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
-                                            torch.cuda.max_memory_allocated(device))):
+                                            torch.cuda.max_memory_allocated(device), retries)):
             family.add_metric([str(device)], value)
     yield from families
 
@@ -374,7 +380,7 @@ def _make(generation_state) -> dict:
                 ("pb_cuda_graphs", "graphs", "CUDA graphs the batching engine holds (a new one is a capture)"),
             ):
                 yield GaugeMetricFamily(name, doc, value=counts[key])
-            yield from gpu_memory(GaugeMetricFamily)
+            yield from gpu_memory(GaugeMetricFamily, CounterMetricFamily)
             yield from host_tier(generation_state, CounterMetricFamily, GaugeMetricFamily)
             yield from drafts(generation_state, CounterMetricFamily)
 
