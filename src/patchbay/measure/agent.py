@@ -88,6 +88,7 @@ TASKS = (
                "propose a test for each.", "code"),
     ("tests", "Write pytest tests for the public functions of this module, covering the edge cases.", "code"),
 )
+TASK_KINDS = tuple(t[0] for t in TASKS)  # what --tasks names
 TURN_LEAD = "Good. Now look at the next part as well and tell me what changes:"
 
 
@@ -112,13 +113,12 @@ def parse_tasks(text: str | None) -> list[str] | None:
     """--tasks: kinds of TASKS, in TASKS' order (None: all of them)."""
     if text is None:
         return None
-    kinds = [t[0] for t in TASKS]
     names = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in names if k not in kinds]
+    unknown = [k for k in names if k not in TASK_KINDS]
     if unknown or not names:
         raise AgentError(f"--tasks {text}: unknown task(s) {', '.join(unknown) or '(none given)'} "
-                         f"(known: {', '.join(kinds)})")
-    return [k for k in kinds if k in names]
+                         f"(known: {', '.join(TASK_KINDS)})")
+    return [k for k in TASK_KINDS if k in names]
 
 
 # ---- the texts ---------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def add_arguments(ab) -> None:
     ab.add_argument("--modes", metavar="MODE,...", help=f"agent: the request modes, paired in one run (default: "
                     f"{','.join(DEFAULT_MODES)}; known: {', '.join(MODES)})")
     ab.add_argument("--tasks", metavar="KIND,...", help="agent: the instructions its prompts carry, taken in turn "
-                    f"(default: all of {', '.join(t[0] for t in TASKS)}): edit alone, say, for the replies that "
+                    f"(default: all of {', '.join(TASK_KINDS)}): edit alone, say, for the replies that "
                     "copy their prompt")
     ab.add_argument("--prompt-tokens", metavar="N|max", help="agent: prompt length in tokens, lowered to fit the "
                     "context /v1/models reports; max: the most the context holds (default: 600)")

@@ -319,5 +319,5 @@ def from_args(args, arms: dict, url: str, b_url: str | None, levels: list[int], 
     result = execute(plan, server, window, command, progress=progress, switch=restart,
                      restarts=restart.describe() if restart else None,
                      extra={"chars_per_token": round(ready["chars_per_token"], 3),
-                            "tasks": s["tasks"] or [t[0] for t in agent.TASKS]})
+                            "tasks": s["tasks"] or list(agent.TASK_KINDS)})
     return result, window
