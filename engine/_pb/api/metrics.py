@@ -302,9 +302,9 @@ def gpu_memory(gauge, counter):
     families = [gauge("pb_gpu_memory_allocated_bytes", "CUDA memory held by tensors", labels=["device"]),
                 gauge("pb_gpu_memory_reserved_bytes", "CUDA memory the caching allocator holds", labels=["device"]),
                 gauge("pb_gpu_memory_peak_allocated_bytes", "The most CUDA memory tensors held since start",
-                      labels=["device"])]
-    families.append(counter("pb_gpu_memory_alloc_retries", "Allocations that found no room until the caching "
-                            "allocator gave its free blocks back to the driver", labels=["device"]))
+                      labels=["device"]),
+                counter("pb_gpu_memory_alloc_retries", "Allocations that found no room until the caching allocator "
+                        "gave its free blocks back to the driver", labels=["device"])]
     for device in range(torch.cuda.device_count()):
         retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
         for family, value in zip(families, (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
