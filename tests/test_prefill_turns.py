@@ -1,6 +1,12 @@
-"""0880 PB_PREFILL_TURNS: a short request sent while a long prompt prefills a chunk a step starts
+"""How a long prompt's prefill shares steps, knobs off (upstream) and on.
+
+0880 PB_PREFILL_TURNS: a short request sent while a long prompt prefills a chunk a step starts
 within two steps with the knob on, and waits for the whole prompt without it (upstream's FIFO
-order); the replies are the same either way."""
+order). 0890 PB_PREFILL_CHUNK: a stream decoding beside the long prompt gets a token from each of
+the prompt's chunks; with the knob the chunks beside it are short and the stream finishes before
+the prompt's first token, without it the prompt's few large chunks come first. Replies are the
+same either way. One pair of servers serves both (each knob's effect needs the other's
+situation: turns order prompts only, the chunk cap acts only beside decoding rows)."""
 
 import threading
 import time
@@ -10,24 +16,28 @@ import pytest
 
 from .conftest import ALL_ON, Server, metric
 
-# A step's token budget small against the long prompt (about 17K tokens): it prefills in about 65 steps
-# (about 20 s on this CPU; a short request alone takes about half a second).
-ENGINE_ARGS = "--cb-max-batch-tokens 256 --cb-num-blocks 160"
+# A step's token budget small against the long prompt (about 17K tokens): it prefills in 17 steps, or
+# beside a decoding stream with 0890 in chunks of CHUNK tokens (about 130 steps).
+ENGINE_ARGS = "--cb-max-batch-tokens 1024 --cb-num-blocks 160"
+CHUNK = 128
+STREAM_TOKENS = 40  # more than the 17 steps of the prompt's prefill, fewer than its 130 chunks
 LONG = "Read these notes and say which one repeats. " + " ".join(f"note {i} says item {i * 7 % 1009}."
                                                                    for i in range(1500))
 
 
 @pytest.fixture(scope="module", params=["off", "on"])
 def turns_server(request, patched_engine, trained_model, tmp_path_factory):
-    knobs = {**ALL_ON, **({"PB_PREFILL_TURNS": "1"} if request.param == "on" else {})}
+    on = {"PB_PREFILL_TURNS": "1", "PB_PREFILL_CHUNK": str(CHUNK)}
+    knobs = {**ALL_ON, **(on if request.param == "on" else {})}
     server = Server(patched_engine, trained_model, knobs, tmp_path_factory.mktemp(f"run-turns-{request.param}"),
                     engine_args=ENGINE_ARGS)
     yield request.param, server
     server.stop()
 
 
-def _long_request(url: str, out: dict) -> None:
-    body = {"messages": [{"role": "user", "content": LONG}], "max_tokens": 4, "ignore_eos": True, "stream": True,
+def _long_request(url: str, out: dict, text: str = LONG) -> None:
+    """A long prompt, streamed: its prompt tokens, first token's time and reply into `out`."""
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 4, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     text = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
@@ -74,3 +84,46 @@ def test_a_short_request_does_not_wait_for_a_long_prompt(turns_server):
         assert done < long["first"], "with the knob the short request finished before the long prompt's first token"
     else:
         assert done > long["first"], "upstream's order: the short request waited for the long prompt's prefill"
+
+
+def _stream(url: str, body: dict, out: dict) -> None:
+    """A streamed request: each content piece's arrival time and the reply into `out`."""
+    out["times"], text = [], []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in httpx.Response(200, content=line[6:]).json().get("choices", []):
+                if choice["delta"].get("content"):
+                    out["times"].append(time.monotonic())
+                    text.append(choice["delta"]["content"])
+    out["text"] = "".join(text)
+
+
+def test_a_decoding_stream_keeps_pace_beside_a_long_prompt(turns_server):
+    knob, server = turns_server
+    body = {"messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            "max_tokens": STREAM_TOKENS, "ignore_eos": True}
+    alone = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600)
+    assert alone.status_code == 200, alone.text
+    stream: dict = {}
+    streamer = threading.Thread(target=_stream, args=(server.url, body, stream))
+    streamer.start()
+    deadline = time.monotonic() + 120
+    while not stream.get("times"):  # the stream decodes
+        assert time.monotonic() < deadline and streamer.is_alive(), "the stream never produced a token"
+        time.sleep(0.01)
+    long: dict = {}
+    sent = time.monotonic()
+    _long_request(server.url, long, "Other notes. " + LONG)  # not LONG: its prefix is cached by the test above
+    streamer.join(600)
+    assert long["prompt_tokens"] > 12_000, long
+    assert stream["text"] == alone.json()["choices"][0]["message"]["content"]
+    during = sum(sent < t < long["first"] for t in stream["times"])
+    if knob == "on":
+        assert stream["times"][-1] < long["first"], (
+            f"with the knob the stream finished beside the prompt's {CHUNK}-token chunks ({during} tokens during it)")
+    else:
+        assert stream["times"][-1] > long["first"], (
+            f"upstream: one token per 1,024-token chunk, the stream outlasts the prefill ({during} tokens during it)")
