@@ -266,6 +266,9 @@ def test_agent_workload_through_the_cli(server_on, tmp_path):
     assert {r["mode"] for r in raw} == set(modes.split(","))
     assert len(raw) == 2 * (7 * (1 + 2) + 3 * (1 + 2))  # reps x (one-turn modes x streams + turns x streams)
     assert all(r["prompt_tokens"] <= 512 - 8 for r in raw)
+    # the longest wait between two streamed pieces lies within the reply's own time after its first
+    assert all(r["gap_max_s"] is None or 0 <= r["gap_max_s"] <= r["t_last"] - r["t_first"] + 1e-9 for r in raw)
+    assert any(r["gap_max_s"] for r in raw if r["mode"] == "greedy")
     convo = sorted((r["rep"], r["concurrency"], r["stream"], r["turn"], r["prompt_tokens"]) for r in raw
                    if r["mode"] == "conversation")
     assert all(b[4] > a[4] for a, b in zip(convo, convo[1:]) if a[:3] == b[:3])  # the history grows
@@ -274,6 +277,7 @@ def test_agent_workload_through_the_cli(server_on, tmp_path):
                                                                 "tools-auto/free", "tools-required/free",
                                                                 "tools-required/tools-auto", "logprobs/free"}
     assert "| sampled/greedy | A |" in (window / "SUMMARY.md").read_text()
+    assert "| longest gap p95 (ms) |" in (window / "SUMMARY.md").read_text()
     # the server's pb_cuda_graphs read around every pass: a CPU server captures none
     arms = list(json.loads((window / "config.json").read_text())["arms"])
     assert all(r["graphs_captured"] == 0 for r in raw)

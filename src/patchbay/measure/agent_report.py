@@ -45,6 +45,7 @@ def figures(records: list[dict], failed: int) -> dict:
     return {"n": len(records), "failed": failed,
             "aggregate_tps": stats.median(reps["aggregate"].values()),
             "ttft_s": stats.median(stats.ttft(r) for r in records), "ttft_p95_s": _p95(stats.ttft(r) for r in records),
+            "gap_p95_s": _p95(r.get("gap_max_s") for r in records),
             "decode_tps": stats.median(stats.decode_tps(r) for r in records),
             "decode_n": sum(1 for r in records if stats.decode_tps(r) is not None),
             "completion_tokens": stats.median(r["completion_tokens"] for r in records),
@@ -144,14 +145,16 @@ def _ratio_cells(r: dict) -> str:
 
 def level_tables(level: str, data: dict, arms: list[str]) -> list[str]:
     lines = [f"## Concurrency {level}", "",
-             "| mode | arm | aggregate tok/s | decode tok/s per stream | TTFT median / p95 (ms) | reply tokens "
-             "| prompt tokens | cached | finish | failed |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| mode | arm | aggregate tok/s | decode tok/s per stream | TTFT median / p95 (ms) | longest gap p95 (ms) "
+             "| reply tokens | prompt tokens | cached | finish | failed |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for mode, by_arm in data["modes"].items():
         for arm in arms:
             c = by_arm[arm]
             finish = ", ".join(f"{k} {v}" for k, v in sorted(c["finish"].items()))
             lines.append(f"| {mode} | {arm} | {_num(c['aggregate_tps'])} | {_num(c['decode_tps'])} | "
-                         f"{_ms(c['ttft_s'])} / {_ms(c['ttft_p95_s'])} | {_num(c['completion_tokens'], '{:.0f}')} | "
+                         f"{_ms(c['ttft_s'])} / {_ms(c['ttft_p95_s'])} | {_ms(c.get('gap_p95_s'))} | "
+                         f"{_num(c['completion_tokens'], '{:.0f}')} | "
                          f"{_num(c['prompt_tokens'], '{:.0f}')} | {_num(c['cached_tokens'], '{:.0f}')} | {finish} | "
                          f"{c['failed']} |")
     lines.append("")
@@ -213,7 +216,9 @@ def render_summary(name: str, command: str, config: dict, summary: dict, mach: d
              "top_p 0.95, a seed per request; `defaults`: no sampling field (the model's generation defaults); "
              f"json, tools-* and logprobs sample as `sampled`, their free partner (the X/free ratios). "
              "Decode tok/s per stream: a request's tokens after the first over its time after the first "
-             "(median over requests; a reply read in one burst is left out). Ratios: median of per-rep paired "
+             "(median over requests; a reply read in one burst is left out). Longest gap: a request's longest "
+             "wait between two streamed pieces of its reply, p95 over requests (a stream stalled behind "
+             "others' prefill shows here). Ratios: median of per-rep paired "
              f"ratios, percentile bootstrap CI over reps ({summary['resamples']} resamples, seed {config['seed']}).",
              ""]
     for level, data in summary["levels"].items():

@@ -154,9 +154,10 @@ def _reply_text(delta: dict) -> str:
 
 def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm: str = "A",
                 keep_reply: bool = False) -> dict:
-    """Send one streamed request; its timings (seconds since `epoch`), usage and reply hash (and,
+    """Send one streamed request; its timings (seconds since `epoch`; `gap_max_s`, the longest wait
+    between two streamed pieces of the reply), usage and reply hash (and,
     with `keep_reply`, the reply's text by field under `reply`, for a conversation's next turn)."""
-    rec: dict = {"t_start": time.perf_counter() - epoch, "t_first": None, "t_last": None,
+    rec: dict = {"t_start": time.perf_counter() - epoch, "t_first": None, "t_last": None, "gap_max_s": None,
                  "completion_tokens": None, "prompt_tokens": None, "cached_tokens": None, "finish_reason": None,
                  "fingerprint": None, "text_sha256": None, "error": None}
     text: list[str] = []
@@ -182,6 +183,8 @@ def run_request(client: httpx.Client, plan: Plan, body: dict, epoch: float, arm:
                             parts[key].append(value)
                     if piece:
                         text.append(piece)
+                        if rec["t_last"] is not None:  # the longest wait between two pieces of the reply
+                            rec["gap_max_s"] = max(rec["gap_max_s"] or 0.0, now - rec["t_last"])
                         rec["t_last"] = now
                         if rec["t_first"] is None:
                             rec["t_first"] = now
