@@ -29,9 +29,11 @@ def draft_runs(patched_engine, trained_model):
             "streams": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "2",
                         "DRAFT_JOB_PHASES": "greedy_together,greedy_alone,greedy_staggered"},
             "backoff": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "0", "PB_DRAFT_BACKOFF": "16",
-                        "DRAFT_JOB_PHASES": ",".join(BACKOFF_PHASES)}}
+                        "DRAFT_JOB_PHASES": ",".join(BACKOFF_PHASES)},
+            "pays": {"PB_DRAFT_TOKENS": "8", "PB_DRAFT_STREAMS": "0", "PB_DRAFT_BACKOFF": "16", "PB_DRAFT_PAYS": "4",
+                     "DRAFT_JOB_PHASES": ",".join(BACKOFF_PHASES)}}
     with engine_jobs("draft_job.py", patched_engine, trained_model, "48", runs=runs, **env) as jobs:
-        return jobs["off"].report(), jobs["on"].report(), jobs["streams"].report(), jobs["backoff"].report()
+        return tuple(jobs[name].report() for name in ("off", "on", "streams", "backoff", "pays"))
 
 
 def test_drafted_replies_are_the_serial_replies(draft_runs):
@@ -70,7 +72,7 @@ def test_past_the_stream_limit_nothing_drafts(draft_runs):
     """0820 PB_DRAFT_STREAMS=2: while the scheduler holds three requests nothing drafts (without the
     limit, requests drafted with three held), each prompt alone drafts as without the limit, and
     every reply is the serial one."""
-    off, on, streams, _ = draft_runs
+    off, on, streams, *_ = draft_runs
     assert on["counts"]["greedy_together"]["held_when_drafting"] == 3, on["counts"]
     assert streams["counts"]["greedy_together"]["held_when_drafting"] <= 2, streams["counts"]
     assert streams["counts"]["greedy_together"]["verify_steps"] < on["counts"]["greedy_together"]["verify_steps"]
@@ -128,7 +130,7 @@ def test_a_request_whose_tries_keep_nothing_backs_off(draft_runs):
     """0870 PB_DRAFT_BACKOFF=16: after tries that kept nothing (no match, or every draft rejected)
     a request passes steps without trying; replies stay the serial ones, it tries less often than
     without the knob, and what it keeps a try is at least as much."""
-    off, on, _, backoff = draft_runs
+    off, on, _, backoff, _ = draft_runs
     for phase in BACKOFF_PHASES:
         assert backoff[phase] == off[phase], phase
     assert all(on["counts"][phase]["passed"] == 0 for phase in PHASES), on["counts"]
@@ -138,6 +140,19 @@ def test_a_request_whose_tries_keep_nothing_backs_off(draft_runs):
     assert sum(c["verify_steps"] for c in counts) < sum(c["verify_steps"] for c in before), (counts, before)
     kept = sum(c["kept"] for c in counts) / sum(c["verify_steps"] for c in counts)
     assert kept >= sum(c["kept"] for c in before) / sum(c["verify_steps"] for c in before) * 0.9, (counts, before)
+
+
+def test_a_try_that_keeps_too_little_is_a_miss(draft_runs):
+    """0900 PB_DRAFT_PAYS=4 beside 0870's backoff: a try that keeps fewer than four drafts counts
+    as a miss too, so requests pass more steps and verify drafts in fewer than with the backoff
+    alone (on this model, which copies, they still draft); replies stay the serial ones."""
+    off, _, _, backoff, pays = draft_runs
+    for phase in BACKOFF_PHASES:
+        assert pays[phase] == off[phase], phase
+    counts = [pays["counts"][phase] for phase in BACKOFF_PHASES]
+    before = [backoff["counts"][phase] for phase in BACKOFF_PHASES]
+    assert sum(c["passed"] for c in counts) > sum(c["passed"] for c in before), (counts, before)
+    assert 0 < sum(c["verify_steps"] for c in counts) < sum(c["verify_steps"] for c in before), (counts, before)
 
 
 def test_only_a_synchronous_processor_drafts_unless_0860(patched_engine):

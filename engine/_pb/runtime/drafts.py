@@ -55,6 +55,11 @@ def backoff() -> int:
     return int(knobs.get("PB_DRAFT_BACKOFF") or 0)
 
 
+def pays() -> int:
+    """0900: the fewest drafts a try must keep to end 0870's backoff (at least one)."""
+    return max(1, int(knobs.get("PB_DRAFT_PAYS") or 0))
+
+
 def in_async() -> bool:
     """0860: drafting inside asynchronous batching (the knob as the server started)."""
     return bool(knobs.get("PB_DRAFT_ASYNC"))
@@ -264,15 +269,16 @@ class _Walk:
     def __init__(self, limit: int):
         self.lookup = Lookup((), LONGEST, SHORTEST)
         self.length = limit
-        self.misses = 0  # 0870: tries in a row that kept nothing
+        self.misses = 0  # 0870: tries in a row that kept nothing (0900: too little)
         self.skip = 0  # 0870: steps to pass before the next try
 
     def tried(self, kept: int) -> None:
         """0870: after a try that kept `kept` drafts (0: the lookup found none, or every draft was
         rejected): after the n-th such try in a row the request passes 2**n steps, at most the
-        knob's count, before it tries again; a try that keeps one ends the backoff."""
+        knob's count, before it tries again; a try that keeps one ends the backoff (0900: one
+        that keeps PB_DRAFT_PAYS, and fewer count as a miss)."""
         most = backoff()
-        if kept or not most:
+        if kept >= pays() or not most:
             self.misses = self.skip = 0
             return
         self.misses += 1
