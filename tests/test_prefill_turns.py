@@ -27,8 +27,8 @@ LONG = "Read these notes and say which one repeats. " + " ".join(f"note {i} says
 
 @pytest.fixture(scope="module", params=["off", "on"])
 def turns_server(request, patched_engine, trained_model, tmp_path_factory):
-    on = {"PB_PREFILL_TURNS": "1", "PB_PREFILL_CHUNK": str(CHUNK)}
-    knobs = {**ALL_ON, **(on if request.param == "on" else {})}
+    on = {"PB_PREFILL_TURNS": "1", "PB_PREFILL_CHUNK": str(CHUNK)}  # the local set has both (a 2,048 chunk)
+    knobs = {**ALL_ON, **(on if request.param == "on" else {"PB_PREFILL_TURNS": "0", "PB_PREFILL_CHUNK": "0"})}
     server = Server(patched_engine, trained_model, knobs, tmp_path_factory.mktemp(f"run-turns-{request.param}"),
                     engine_args=ENGINE_ARGS)
     yield request.param, server
