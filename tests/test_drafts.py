@@ -143,16 +143,39 @@ def test_a_request_whose_tries_keep_nothing_backs_off(draft_runs):
 
 
 def test_a_try_that_keeps_too_little_is_a_miss(draft_runs):
-    """0900 PB_DRAFT_PAYS=4 beside 0870's backoff: a try that keeps fewer than four drafts counts
-    as a miss too, so requests pass more steps and verify drafts in fewer than with the backoff
-    alone (on this model, which copies, they still draft); replies stay the serial ones."""
-    off, _, _, backoff, pays = draft_runs
+    """0900 PB_DRAFT_PAYS=4 beside 0870's backoff, through the engine: the replies stay the serial
+    ones (only when a request tries changes), and requests still draft."""
+    off, _, _, _, pays = draft_runs
     for phase in BACKOFF_PHASES:
         assert pays[phase] == off[phase], phase
-    counts = [pays["counts"][phase] for phase in BACKOFF_PHASES]
-    before = [backoff["counts"][phase] for phase in BACKOFF_PHASES]
-    assert sum(c["passed"] for c in counts) > sum(c["passed"] for c in before), (counts, before)
-    assert 0 < sum(c["verify_steps"] for c in counts) < sum(c["verify_steps"] for c in before), (counts, before)
+    assert sum(pays["counts"][phase]["kept"] for phase in BACKOFF_PHASES) > 0, pays["counts"]
+
+
+def test_a_try_pays_when_it_keeps_enough_or_every_draft_it_had(patched_engine):
+    """0900's rule on a request's walk: with PB_DRAFT_PAYS=3 a try that keeps fewer than three
+    drafts is a miss (0870 then passes 2, 4, ... steps), unless it kept every draft it had; one that
+    keeps three ends the backoff. Unset (0870's rule), keeping one ends it."""
+    knobs = engine_module(patched_engine, "knobs")
+    drafts = engine_module(patched_engine, "runtime.drafts")
+
+    def walk(environ, tries):
+        knobs.load(environ)
+        w = drafts._Walk(8)
+        seen = []
+        for kept, drafted in tries:
+            w.tried(kept, drafted)
+            seen.append((w.misses, w.skip))
+        return seen
+
+    try:
+        tries = [(0, 0), (1, 3), (2, 5), (2, 2), (1, 4), (3, 5)]
+        assert walk({"PB_DRAFT_BACKOFF": "16", "PB_DRAFT_PAYS": "3"}, tries) == [
+            (1, 2), (2, 4), (3, 8), (0, 0), (1, 2), (0, 0)]
+        assert walk({"PB_DRAFT_BACKOFF": "16"}, tries) == [(1, 2), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0)]
+        assert walk({"PB_DRAFT_BACKOFF": "4", "PB_DRAFT_PAYS": "3"}, tries[:3]) == [(1, 2), (2, 4), (3, 4)]
+        assert walk({"PB_DRAFT_PAYS": "3"}, tries[:2]) == [(0, 0), (0, 0)]  # no backoff: every step tries
+    finally:
+        knobs.load({})
 
 
 def test_only_a_synchronous_processor_drafts_unless_0860(patched_engine):

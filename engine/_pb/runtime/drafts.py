@@ -272,13 +272,14 @@ class _Walk:
         self.misses = 0  # 0870: tries in a row that kept nothing (0900: too little)
         self.skip = 0  # 0870: steps to pass before the next try
 
-    def tried(self, kept: int) -> None:
-        """0870: after a try that kept `kept` drafts (0: the lookup found none, or every draft was
-        rejected): after the n-th such try in a row the request passes 2**n steps, at most the
-        knob's count, before it tries again; a try that keeps one ends the backoff (0900: one
-        that keeps PB_DRAFT_PAYS, and fewer count as a miss)."""
+    def tried(self, kept: int, drafted: int = 0) -> None:
+        """0870: after a try that kept `kept` of `drafted` drafts (0: the lookup found none, or
+        every draft was rejected): after the n-th such try in a row the request passes 2**n steps,
+        at most the knob's count, before it tries again; a try that keeps one ends the backoff.
+        0900: one that keeps PB_DRAFT_PAYS, or every draft it had (the draft length grows one a
+        try, so a short try cannot keep more), ends it; fewer count as a miss."""
         most = backoff()
-        if kept >= pays() or not most:
+        if kept >= pays() or (kept and kept == drafted) or not most:
             self.misses = self.skip = 0
             return
         self.misses += 1
@@ -456,7 +457,7 @@ def update(processor, future_state, new_tokens: list, logprobs, index: int, pend
             budget.began = tokens_before + began_row  # the thinking began on a kept row
     walk = state._pb_walk
     walk.length = min(state._pb_draft[0], kept + 1)
-    walk.tried(kept)  # 0870
+    walk.tried(kept, len(drafts))  # 0870, 0900
     drafting = processor.scheduler._pb_drafting
     drafting.steps += 1
     drafting.drafted += len(drafts)
