@@ -35,11 +35,11 @@ def turns_server(request, patched_engine, trained_model, tmp_path_factory):
     server.stop()
 
 
-def _long_request(url: str, out: dict, text: str = LONG) -> None:
-    """A long prompt, streamed: its prompt tokens, first token's time and reply into `out`."""
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 4, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    text = []
+def _stream(url: str, body: dict, out: dict) -> None:
+    """A streamed request: each content piece's arrival time (`times`, the first also as `first`),
+    the reply and its prompt tokens into `out`."""
+    out["times"], text = [], []
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -49,10 +49,16 @@ def _long_request(url: str, out: dict, text: str = LONG) -> None:
             if chunk.get("usage"):
                 out["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
             for choice in chunk.get("choices", []):
-                if choice["delta"].get("content") and "first" not in out:
-                    out["first"] = time.monotonic()
-                text.append(choice["delta"].get("content") or "")
+                if choice["delta"].get("content"):
+                    out["times"].append(time.monotonic())
+                    out.setdefault("first", out["times"][0])
+                    text.append(choice["delta"]["content"])
     out["text"] = "".join(text)
+
+
+def _long_request(url: str, out: dict, content: str = LONG) -> None:
+    """A long prompt, streamed, a 4-token reply: see _stream."""
+    _stream(url, {"messages": [{"role": "user", "content": content}], "max_tokens": 4, "ignore_eos": True}, out)
 
 
 def _short_request(url: str) -> str:
@@ -77,28 +83,13 @@ def test_a_short_request_does_not_wait_for_a_long_prompt(turns_server):
     short = _short_request(server.url)
     done = time.monotonic()
     thread.join(600)
-    assert long["prompt_tokens"] > 12_000, long  # more than 45 steps of 256 tokens
+    assert long["prompt_tokens"] > 12_000, long  # more than 11 steps of 1,024 tokens
     assert "first" in long and long["first"] > sent, "the long prompt was done before the short request came"
     assert short == alone  # which requests shared a step changes nothing a row computes
     if knob == "on":
         assert done < long["first"], "with the knob the short request finished before the long prompt's first token"
     else:
         assert done > long["first"], "upstream's order: the short request waited for the long prompt's prefill"
-
-
-def _stream(url: str, body: dict, out: dict) -> None:
-    """A streamed request: each content piece's arrival time and the reply into `out`."""
-    out["times"], text = [], []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for choice in httpx.Response(200, content=line[6:]).json().get("choices", []):
-                if choice["delta"].get("content"):
-                    out["times"].append(time.monotonic())
-                    text.append(choice["delta"]["content"])
-    out["text"] = "".join(text)
 
 
 def test_a_decoding_stream_keeps_pace_beside_a_long_prompt(turns_server):
