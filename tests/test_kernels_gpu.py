@@ -511,14 +511,10 @@ def test_invariant_router_logits_from_bfloat16_stay_near_float32_and_give_a_row_
         invariant_gemm.on = knob
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["0390", "0430"])
-def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
-    """0390: 0220's kernels at GLM-4.5-Air's expert shapes for steps of 1 to 8,192 tokens, the first
-    token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm; with
-    0430 the large steps read the weights through TMA."""
+def air_experts(tokens: int):
+    """GLM-4.5-Air's experts (128 of hidden HIDDEN and width 1,408, 8 a token) in bf16 with seeded
+    weights, and `tokens` rows of input, routing and routing weights."""
     from transformers import Glm4MoeConfig
-    from transformers._pb.ops import fused_moe, moe_one_path
-    from transformers.integrations.moe import grouped_mm_experts_forward
 
     config = Glm4MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=1408, n_routed_experts=128,
                            num_experts_per_tok=8)
@@ -527,9 +523,22 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
     with torch.no_grad():
         experts.gate_up_proj.normal_(0, 0.02)
         experts.down_proj.normal_(0, 0.02)
-        x = torch.randn(8192, HIDDEN, device="cuda").bfloat16()
-        index = torch.rand(8192, 128, device="cuda").topk(8, dim=1).indices
-        weights = torch.rand(8192, 8, device="cuda")
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        index = torch.rand(tokens, 128, device="cuda").topk(8, dim=1).indices
+        weights = torch.rand(tokens, 8, device="cuda")
+    return experts, x, index, weights
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["0390", "0430"])
+def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
+    """0390: 0220's kernels at GLM-4.5-Air's expert shapes for steps of 1 to 8,192 tokens, the first
+    token's bits the same as alone (and inside a CUDA graph at a decode size), near grouped_mm; with
+    0430 the large steps read the weights through TMA."""
+    from transformers._pb.ops import fused_moe, moe_one_path
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    experts, x, index, weights = air_experts(8192)
+    with torch.no_grad():
         moe_one_path.ENABLED, moe_one_path.TMA = True, tma
         try:
             if tma:  # the experts' weights as the model holds them can be read through TMA
@@ -545,6 +554,38 @@ def test_moe_one_path_gives_a_token_the_same_bits_in_steps_of_every_size(tma):
             assert torch.equal(graphed[0], alone[0])
         finally:
             moe_one_path.restore()
+
+
+def test_0910_decode_launch_gives_the_large_launchs_bits_to_every_row():
+    """0910 PB_MOE_DECODE_ROWS: steps of 128 and 256 tokens at GLM-4.5-Air's expert shapes (8 and 16
+    rows an expert) run in 16-row blocks with the knob at 16 and in 128-row blocks without it, and
+    every row gets the same bits both ways; the first token its bits alone; 257 tokens are wide."""
+    from transformers._pb.ops import fused_moe, moe_one_path
+
+    experts, x, index, weights = air_experts(257)
+    launches, real_align = [], fused_moe.align
+
+    def watched(top_k_index, num_experts, block_m=fused_moe.BLOCK_M):
+        launches.append(block_m)
+        return real_align(top_k_index, num_experts, block_m)
+
+    with torch.no_grad():
+        moe_one_path.ENABLED = True
+        fused_moe.align = watched
+        try:
+            alone = fused_moe.experts_forward(experts, x[:1], index[:1], weights[:1])
+            for tokens in (128, 256, 257):
+                moe_one_path.DECODE_ROWS = 0
+                large = fused_moe.experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                moe_one_path.DECODE_ROWS = 16
+                rows = fused_moe.experts_forward(experts, x[:tokens], index[:tokens], weights[:tokens])
+                assert torch.equal(rows, large) and torch.equal(rows[0], alone[0]), tokens
+            graphed = in_graph(lambda: fused_moe.experts_forward(experts, x[:128], index[:128], weights[:128]))
+            assert torch.equal(graphed, rows[:128])
+        finally:
+            fused_moe.align = real_align
+            moe_one_path.restore()
+    assert launches[:7] == [16, 128, 16, 128, 16, 128, 128], launches
 
 
 def test_moe_one_path_runs_float32_experts_at_every_step_size():

@@ -40,6 +40,14 @@ def test_0430_reads_the_large_steps_weights_through_tma_with_the_pointer_paths_b
     assert tma["small_rows"] == [3, 64] and tma["float32_equal"] is True
 
 
+def test_0910_keeps_the_decode_launch_for_steps_of_few_rows_an_expert_with_the_same_bits(on):
+    rows = on["decode_rows"]
+    assert rows["at_load"] == 64 and rows["after_unset"] == 0
+    # 100 and 128 tokens (at most 64 rows an expert of 16) in 16-row blocks, 129 and 200 in 128-row ones
+    assert rows["block_rows"] == [16, 16, 128, 128], rows
+    assert rows["first_token_alone_vs_among"] == {"100": True, "128": True, "129": True, "200": True}
+
+
 def test_with_the_knob_off_large_steps_are_grouped_mms_and_the_bits_move(on):
     # what the knob removes: above 64 tokens 0220 hands the step to grouped_mm
     assert on["off_first_token_equal_at_200"] is False

@@ -176,7 +176,9 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         raise ValueError(f"pb_triton experts: gate_up_proj {tuple(w_gu.shape)} does not match down_proj "
                          f"{tuple(w_d.shape)}")
     block_m, (t_gu, t_d) = BLOCK_M, tiles()
-    if large and one_path:
+    # 0910: a large step of few rows an expert keeps the decode launch
+    large = large and one_path and moe_one_path.wide(tokens * top_k, num_experts)
+    if large:
         large_gu, large_d = moe_one_path.large_tiles((t_gu.bk, t_d.bk))
         block_m, t_gu, t_d = moe_one_path.BLOCK_M, Tiles(*large_gu), Tiles(*large_d)
     if x.dtype == torch.float32 and not INTERPRET:
@@ -184,7 +186,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         # shared memory than a Hopper has (W54). Fewer loads in flight, the same sums.
         t_gu, t_d = (t._replace(stages=min(t.stages, 2)) for t in (t_gu, t_d))
     descriptors = None
-    if large and one_path and moe_one_path.TMA and fp8 is None:  # 0430: the experts' weights through TMA
+    if large and moe_one_path.TMA and fp8 is None:  # 0430: the experts' weights through TMA
         descriptors = moe_one_path.weight_descriptors(w_gu, w_d, (t_gu.bn, t_gu.bk), (t_d.bn, t_d.bk))
     rows, block_expert = align(top_k_index, num_experts, block_m)
     n_pairs = tokens * top_k

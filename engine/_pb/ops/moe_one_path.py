@@ -21,6 +21,14 @@ reads it.
 
 PB_MOE_TMA (0430, on top of this knob) has the large steps' kernels read the experts' weights
 through TMA descriptors: the same values into the same dots, so the same bits.
+
+PB_MOE_DECODE_ROWS=N (0910, on top of this knob): a step past the decode size whose pairs average
+at most N rows an expert keeps 0220's decode launch (16-row blocks) instead of the large one. With
+128 experts, 128 decoding streams give 1,024 pairs, about 8 rows an expert: the large launch pads
+each expert's block to 128 rows, so the step computes sixteen times its rows and reads every
+expert's weights besides; 16-row blocks compute about twice their rows and read an expert's
+weights once or twice. Which launch runs changes the tiles, not a row's sums (as above), so the
+bits are the same.
 """
 
 import sys
@@ -33,6 +41,7 @@ from .common import INTERPRET, kernels
 
 ENABLED = False  # set by at_load
 TMA = False  # set by at_load: PB_MOE_TMA (0430) on as well
+DECODE_ROWS = 0  # set by at_load: PB_MOE_DECODE_ROWS (0910)
 BLOCK_M = 128  # rows of a block of one expert's pairs in large steps (0220's decode blocks hold 16)
 # (columns, depth, warps, stages) of the gate/up and down kernels in large steps: the fastest of
 # W13's sweep on an H200, with 0220's 16-byte stores (an 8K-token step at TP=1: gate/up 2.95 ms,
@@ -81,11 +90,21 @@ def combine(y: torch.Tensor, index: torch.Tensor, num_experts: int) -> torch.Ten
     return out
 
 
+def wide(n_pairs: int, num_experts: int) -> bool:
+    """Whether a step of `n_pairs` pairs past the decode size runs the large launch: always, unless
+    0910 keeps steps of at most DECODE_ROWS rows an expert on average at the decode launch."""
+    return not DECODE_ROWS or n_pairs > DECODE_ROWS * num_experts
+
+
 def at_load() -> None:
     """The model-load hook: with the knob on, 0220's kernels take steps of every size."""
-    global ENABLED, TMA
+    global ENABLED, TMA, DECODE_ROWS
     ENABLED = on()
     TMA = ENABLED and bool(knobs.get("PB_MOE_TMA"))
+    DECODE_ROWS = int(knobs.get("PB_MOE_DECODE_ROWS") or 0) if ENABLED else 0
+    if DECODE_ROWS:
+        sys.stderr.write(f"patchbay: PB_MOE_DECODE_ROWS: steps of at most {DECODE_ROWS} rows an expert on average "
+                         "keep the decode launch (16-row blocks)\n")
     if ENABLED:
         sys.stderr.write("patchbay: PB_MOE_ONE_PATH: the fused MoE kernels run steps of every size (no "
                          "grouped_mm above the decode size), a token's expert rows added in a fixed order\n")
@@ -94,5 +113,6 @@ def at_load() -> None:
 
 
 def restore() -> None:
-    global ENABLED, TMA
+    global ENABLED, TMA, DECODE_ROWS
     ENABLED = TMA = False
+    DECODE_ROWS = 0
