@@ -18,7 +18,7 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     env = {k: v for k, v in os.environ.items() if not k.startswith("PB_")}
     env["PYTHONPATH"] = f"{patched_engine.site}:{ROOT / 'src'}"
     cmd = [sys.executable, "-m", "patchbay.device", "profile", "--out", str(tmp_path), "--model", tiny_model,
-           "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--setting", "eager",
+           "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--distinct-prompts", "--setting", "eager",
            "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2], "num_blocks": 16}']
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -29,6 +29,8 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     assert all(p["generated"] == 6 * p["concurrency"] and p["aggregate_tok_s"] > 0 for p in rows)
     # without CUDA graphs the knob changes nothing: the same replies
     assert rows[1]["replies_sha"] == rows[2]["replies_sha"]
+    # --distinct-prompts: each request of a pass its own prompt, so its own reply
+    assert record["distinct_prompts"] is True and rows[1]["distinct_replies"] == 2
     prefill = [p for p in record["passes"] if "prefill_tokens" in p]
     assert len(prefill) == 2 and all(p["ttft_s"] > 0 for p in prefill)
 

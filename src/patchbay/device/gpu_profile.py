@@ -114,10 +114,21 @@ class Knobs:
                 raise SystemExit(f"{key}={value} is not in effect")
 
 
-def run_pass(manager, prompt: list[int], concurrency: int, tokens: int) -> dict:
-    """C identical requests at once; wall time from submit to the last one finished."""
+def prompts_for(prompt: list[int], concurrency: int, vocab: int | None) -> list[list[int]]:
+    """C copies of `prompt`, or with `vocab` C prompts of its length, request i's tokens shifted by
+    a step of its own: distinct replies, so an MoE step's rows route to their own experts as
+    distinct users' do (identical requests all read the same few experts)."""
+    if vocab is None:
+        return [prompt] * concurrency
+    return [[(t + 7919 * (i + 1)) % vocab for t in prompt] for i in range(concurrency)]
+
+
+def run_pass(manager, prompt: list[int], concurrency: int, tokens: int, vocab: int | None = None) -> dict:
+    """C requests at once (identical, or distinct with `vocab`: prompts_for); wall time from submit
+    to the last one finished."""
     t0 = time.perf_counter()
-    ids = [manager.add_request(prompt, max_new_tokens=tokens, record_timestamps=True) for _ in range(concurrency)]
+    ids = [manager.add_request(p, max_new_tokens=tokens, record_timestamps=True)
+           for p in prompts_for(prompt, concurrency, vocab)]
     pending, first, outputs = set(ids), {}, {}
     while pending:
         result = manager.get_result(timeout=60)
@@ -265,6 +276,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile-levels", default="1,32")
     p.add_argument("--profile-tokens", type=int, default=24)
     p.add_argument("--prefill", type=int, default=0, help="also time a cold prompt of this many tokens (TTFT)")
+    p.add_argument("--distinct-prompts", action="store_true",
+                   help="each request of a pass its own prompt (its own replies and, on an MoE model, its own "
+                        "experts); default: C identical requests")
     p.add_argument("--model", help="a checkpoint directory instead of air12 (a CPU smoke run takes the tiny one)")
     p.add_argument("--synthetic", default=AIR12, choices=MODELS,
                    help="without --model, what is built on the GPU (the FP8 ones want PB_FP8_WEIGHTS=1 in a "
@@ -299,7 +313,8 @@ def main(argv: list[str]) -> int:
 
         build = f"transformers-{transformers.__version__} (pristine)"
     record = {"device": device_name, "torch": torch.__version__, "model": args.model or args.synthetic,
-              "build": build, "settings": {}, "passes": []}
+              "build": build, "settings": {}, "passes": [], "distinct_prompts": args.distinct_prompts}
+    distinct = config.vocab_size if args.distinct_prompts else None
     (out / "command.txt").write_text("python -m patchbay.device profile " + shlex.join(argv) + "\n")
     default_experts = model.config._experts_implementation
     for name, setting in settings:
@@ -341,14 +356,14 @@ def main(argv: list[str]) -> int:
                 for level in setting_levels:
                     row = {"setting": name}
                     try:
-                        run_pass(manager, prompt, level, args.tokens)  # warm: graphs for these shapes
-                        row.update(run_pass(manager, prompt, level, args.tokens))
+                        run_pass(manager, prompt, level, args.tokens, distinct)  # warm: graphs for these shapes
+                        row.update(run_pass(manager, prompt, level, args.tokens, distinct))
                         roof = roofline.tokens_per_s(config, level)
                         row["roofline_tok_s"] = roof
                         row["of_roofline"] = row["aggregate_tok_s"] / roof
                         if level in profile_levels and cuda:
                             row["profile"] = profiled_steps(
-                                lambda: run_pass(manager, prompt, level, args.profile_tokens), args.profile_tokens,
+                                lambda: run_pass(manager, prompt, level, args.profile_tokens, distinct), args.profile_tokens,
                                 lambda timed: timed["wall_s"] * 1000 / args.profile_tokens)
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
