@@ -25,6 +25,7 @@ from the GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -46,6 +47,7 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
     """name -> function(x: [rows, hidden] bf16) -> tensor whose first row belongs to x's first row."""
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from transformers import Glm4MoeConfig
     from transformers._pb.ops import (fused_moe, fused_norm, fused_rope, fused_router, moe_combine, moe_gate,
@@ -133,13 +135,10 @@ def operations(device: str, small: bool, seed: int = 0) -> dict:
         for i, n in enumerate(lengths):
             mask[i, start: start + n] = 0
             start += n
-        if x.device.type == "cpu":  # torch's CPU flash kernel wants instructions some CPUs lack (bf16 VNNI
-            # packing): the math backend there, which the CPU test only needs to run
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel(SDPBackend.MATH):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
-        else:
+        # torch's CPU flash kernel wants instructions some CPUs lack (bf16 VNNI packing): the math
+        # backend there, which the CPU test only needs to run
+        backend = sdpa_kernel(SDPBackend.MATH) if x.device.type == "cpu" else contextlib.nullcontext()
+        with backend:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
         return out.transpose(1, 2).reshape(rows, -1)
 
