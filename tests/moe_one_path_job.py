@@ -99,23 +99,19 @@ with torch.no_grad():
     # 1,024 pairs) keeps the decode launch's 16-row blocks; the first token's bits stay its own
     from transformers._pb import knobs
 
-    launches, real_align = [], fused_moe.align
-
-    def watched(top_k_index, num_experts, block_m=fused_moe.BLOCK_M):
-        launches.append(block_m)
-        return real_align(top_k_index, num_experts, block_m)
+    from moe_launches import block_rows
 
     os.environ["PB_MOE_DECODE_ROWS"] = "64"
     knobs.load()
     moe_one_path.at_load()
-    fused_moe.align = watched
     try:
-        equal = {str(n): bool(torch.equal(fused_moe.experts_forward(module, x[:n], index[:n], weights[:n])[0], alone[0]))
-                 for n in (100, 128, 129, 200)}
+        with block_rows(fused_moe) as launches:
+            equal = {str(n): bool(torch.equal(fused_moe.experts_forward(module, x[:n], index[:n], weights[:n])[0],
+                                              alone[0]))
+                     for n in (100, 128, 129, 200)}
         report["decode_rows"] = {"at_load": moe_one_path.DECODE_ROWS, "block_rows": launches,
                                  "first_token_alone_vs_among": equal}
     finally:
-        fused_moe.align = real_align
         del os.environ["PB_MOE_DECODE_ROWS"]
         knobs.load()
         moe_one_path.at_load()

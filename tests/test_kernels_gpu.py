@@ -10,6 +10,8 @@ outcomes land in a results window.
 
 import pytest
 
+from .moe_launches import block_rows
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.gpu,
@@ -563,15 +565,8 @@ def test_0910_decode_launch_gives_the_large_launchs_bits_to_every_row():
     from transformers._pb.ops import fused_moe, moe_one_path
 
     experts, x, index, weights = air_experts(257)
-    launches, real_align = [], fused_moe.align
-
-    def watched(top_k_index, num_experts, block_m=fused_moe.BLOCK_M):
-        launches.append(block_m)
-        return real_align(top_k_index, num_experts, block_m)
-
-    with torch.no_grad():
+    with torch.no_grad(), block_rows(fused_moe) as launches:
         moe_one_path.ENABLED = True
-        fused_moe.align = watched
         try:
             alone = fused_moe.experts_forward(experts, x[:1], index[:1], weights[:1])
             for tokens in (128, 256, 257):
@@ -583,7 +578,6 @@ def test_0910_decode_launch_gives_the_large_launchs_bits_to_every_row():
             graphed = in_graph(lambda: fused_moe.experts_forward(experts, x[:128], index[:128], weights[:128]))
             assert torch.equal(graphed, rows[:128])
         finally:
-            fused_moe.align = real_align
             moe_one_path.restore()
     assert launches[:7] == [16, 128, 16, 128, 16, 128, 128], launches
 
