@@ -98,6 +98,14 @@ def test_unexpected_answers_leaked_slots_and_a_dead_server_fail_the_soak():
     assert not leaked[1]["ok"] and leaked[1]["detail"].startswith("2 request(s) still running")
     dead = soak_report.checks(records[:2], {**facts, "server_alive": False}, soak_report.rss_growth([]), LIMITS)
     assert dead[-1] == {"name": "server alive", "ok": False, "detail": "pid 7 exited during the soak"}
+    left = {"pb_output_handlers": 4, "pb_outputs_unclaimed": 11}
+    behind = [c for c in soak_report.checks(records[:2], {**facts, "left_after": left}, soak_report.rss_growth([]),
+                                            LIMITS) if c["name"] == "left behind"]
+    assert behind == [{"name": "left behind", "ok": False, "detail": "pb_output_handlers 4, pb_outputs_unclaimed 11 "
+                                                                      "after the run; allowed 0 in all"}]
+    clean = {**facts, "left_after": dict.fromkeys(left, 0)}
+    assert soak_report.summarize(records[:2], clean, LIMITS)["ok"]
+    assert [c["ok"] for c in slots if c["name"] == "left behind"] == [True]  # not reported: passes
 
 
 def test_latency_is_bucketed_by_start_time_per_kind_with_the_bad_cases_as_one():
@@ -121,6 +129,14 @@ def test_the_running_count_is_read_from_metrics_or_health_and_may_be_absent():
         assert soak.running_from("process_resident_memory_bytes 1e9\n", health) == (None, None)
 
 
+def test_what_requests_left_behind_is_read_from_metrics_or_is_absent():
+    metrics = ("# TYPE pb_outputs_unclaimed gauge\npb_outputs_unclaimed 3.0\npb_output_handlers 2.0\n"
+               "pb_requests_running 0.0\n")
+    assert soak.left_behind_from(metrics) == {"pb_outputs_unclaimed": 3, "pb_output_handlers": 2}
+    assert soak.left_behind_from("pb_output_handlers 0\n") == {"pb_output_handlers": 0}
+    assert soak.left_behind_from("pb_requests_running 0\n") is None and soak.left_behind_from(None) is None
+
+
 def test_the_summary_has_a_row_per_bucket_of_rss_running_and_latency():
     records = [rec(t=1, latency=0.1), rec("chat_stream", t=6, latency=0.2), bad(400, t=7, latency=0.01)]
     smp = [{"t": t, "rss_kib": 1024 * (100 + t), "running": t % 3} for t in range(10)]
@@ -135,7 +151,8 @@ def test_the_summary_has_a_row_per_bucket_of_rss_running_and_latency():
         "| 0 | 102 | 2 | 100 / 100 | – | – |",
         "| 5 | 107 | 2 | – | 200 / 200 | 10 / 10 |"]
     assert summary["checks"][1]["detail"].startswith("0 request(s) still running")
-    assert [c["ok"] for c in summary["checks"]] == [True, True, False]  # 101 -> 108 MiB is +7 %
+    assert [c["name"] for c in summary["checks"]] == ["unexpected answers", "leaked slots", "RSS growth", "left behind"]
+    assert [c["ok"] for c in summary["checks"]] == [True, True, False, True]  # 101 -> 108 MiB is +7 %
 
 
 def test_the_first_draws_send_every_kind_and_no_two_prompts_alike():
@@ -210,6 +227,8 @@ def test_a_short_soak_counts_every_kind_and_writes_its_window(soak_server, tmp_p
     assert leaving.get("disconnected", 0) >= 0.9 * kinds["disconnect_stream"]["requests"], leaving
     assert summary["rss"]["judged"] and summary["rss"]["pid"] == int(soak_server.files.pid.read_text().split()[0])
     assert summary["running"]["after_grace"] in (None, 0), summary["checks"]
+    # the local set has 0920: the disconnects left nothing in the engine
+    assert summary["running"]["left_after"] == {"pb_outputs_unclaimed": 0, "pb_output_handlers": 0}
     assert summary["ok"], summary["checks"]
     for name in ("command.txt", "config.json", "machine.json", "samples.json", "SUMMARY.md", "rss.png",
                  "latency.png"):

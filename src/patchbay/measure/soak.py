@@ -3,8 +3,8 @@ servers: streamed and whole chat completions of distinct real-text prompts, /v1/
 calls, structured output, clients that disconnect, and malformed requests.
 
 Every request is bounded (max tokens, a total timeout) and recorded; `soak_report` classifies the
-records (expected 4xx for a bad request against everything unexpected), and judges leaked slots
-and the growth of the server's RSS. This module runs the clients (`soak_plan` says what they send)
+records (expected 4xx for a bad request against everything unexpected), and judges leaked slots,
+what the requests left behind in the engine and the growth of the server's RSS. This module runs the clients (`soak_plan` says what they send)
 and samples the server.
 """
 
@@ -53,6 +53,28 @@ def running_from(metrics: str | None, health) -> tuple[int | None, str | None]:
     if isinstance(running, (int, float)) and not isinstance(running, bool):
         return int(running), "/health requests.running"
     return None, None
+
+
+_LEFT = re.compile(r"^(pb_outputs_unclaimed|pb_output_handlers)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+
+
+def left_behind_from(metrics: str | None) -> dict | None:
+    """{gauge: value} of what requests that have left the engine may leave in it (`/metrics`'
+    pb_outputs_unclaimed and pb_output_handlers: outputs no handler took, handlers registered);
+    None when the server reports neither."""
+    found: dict = {}
+    for name, value in _LEFT.findall(metrics or ""):
+        found[name] = found.get(name, 0) + int(float(value))
+    return found or None
+
+
+async def left_behind(client: httpx.AsyncClient, url: str) -> dict | None:
+    """left_behind_from the server's /metrics now; None when it has no such gauges or no /metrics."""
+    try:
+        r = await client.get(f"{url}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return left_behind_from(r.text if r.status_code == 200 else None)
 
 
 async def running_requests(client: httpx.AsyncClient, url: str) -> tuple[int | None, str | None]:
@@ -215,6 +237,7 @@ class Run:
     samples: list = field(default_factory=list)  # {"t", "rss_kib", "running"}
     running_source: str | None = None
     running_after: int | None = None
+    left_after: dict | None = None  # left_behind once the grace is over
     grace_waited_s: float = 0.0
     server_alive: bool | None = None  # None: no pid to watch
     duration_s: float = 0.0
@@ -265,6 +288,7 @@ async def soak(s: Settings, on_record=None, progress=None) -> Run:
             await asyncio.sleep(min(1.0, s.sample_every_s))
         run.running_after = running
         run.grace_waited_s = time.perf_counter() - t_end
+        run.left_after = await left_behind(probe, url)
     run.server_alive = None if not s.pid else rss_kib(s.pid) is not None
     return run
 
@@ -286,7 +310,7 @@ def execute(s: Settings, window=None, command: str = "", progress=None) -> dict:
     run = asyncio.run(soak(s, on_record, progress))
     facts = {"pid": s.pid, "clients": s.clients, "samples": run.samples, "duration_s": run.duration_s,
              "running_after": run.running_after, "running_source": run.running_source,
-             "grace_waited_s": run.grace_waited_s, "server_alive": run.server_alive}
+             "left_after": run.left_after, "grace_waited_s": run.grace_waited_s, "server_alive": run.server_alive}
     summary = soak_report.summarize(run.records, facts, s.limits(), s.bucket_s, s.rss_window_s)
     summary["duration_s"] = run.duration_s
     if window:

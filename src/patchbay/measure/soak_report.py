@@ -128,7 +128,8 @@ def rss_growth(samples: list[dict], window_s: float = 60.0, min_samples: int = 3
 
 def checks(records: list[dict], run: dict, growth: dict, limits: dict) -> list[dict]:
     """The checks that set the exit status, each {name, ok, detail}; `run` holds running_after,
-    running_source, server_alive and pid; `limits` max_unexpected, max_leaked, max_rss_growth."""
+    running_source, left_after (soak.left_behind_from), server_alive and pid; `limits`
+    max_unexpected, max_leaked (slots, and what requests left behind), max_rss_growth."""
     bad = unexpected(records)
     counts: dict = {}
     for rec in bad:
@@ -151,6 +152,14 @@ def checks(records: list[dict], run: dict, growth: dict, limits: dict) -> list[d
     else:
         why = growth["reason"] if run.get("pid") else "not sampled (give --run-dir or --pid)"
         out.append({"name": "RSS growth", "ok": True, "detail": f"not judged: {why}"})
+    left = run.get("left_after")
+    if left is None:
+        out.append({"name": "left behind", "ok": True, "detail": "not reported (no pb_outputs_unclaimed or "
+                    "pb_output_handlers in /metrics)"})
+    else:
+        out.append({"name": "left behind", "ok": sum(left.values()) <= limits["max_leaked"],
+                    "detail": ", ".join(f"{name} {value}" for name, value in sorted(left.items()))
+                    + f" after the run; allowed {limits['max_leaked']} in all"})
     if run.get("server_alive") is False:
         out.append({"name": "server alive", "ok": False, "detail": f"pid {run['pid']} exited during the soak"})
     return out
@@ -165,7 +174,8 @@ def summarize(records: list[dict], run: dict, limits: dict, bucket_s: float | No
                "latency": {"bucket_s": b, "buckets": latency_buckets(records, b),
                            "server": server_buckets(run.get("samples", []), b)},
                "rss": {"pid": run.get("pid"), **growth}, "running": {"source": run.get("running_source"),
-                                                                    "after_grace": run.get("running_after")},
+                                                                    "after_grace": run.get("running_after"),
+                                                                    "left_after": run.get("left_after")},
                "checks": found, "ok": all(c["ok"] for c in found), "limits": limits,
                "examples": examples(records)}
     summary["headline"] = headline(summary, run)

@@ -503,7 +503,7 @@ def add_verbs(verb) -> None:
     ab.add_argument("--results-dir", help="where windows go (default: results/)")
     ab.add_argument("--quiet", action="store_true", help="no progress bar and no tables, only the headline")
     sk = verb("soak", cmd_soak, "N clients for a while against a local server: every kind of request, disconnects "
-              "and malformed ones; unexpected answers, leaked slots and RSS growth fail it")
+              "and malformed ones; unexpected answers, leaked slots, what requests left behind and RSS growth fail it")
     d = soak_plan.Settings
     sk.add_argument("--url", help="the server (default: the config's URL); loopback only")
     sk.add_argument("--allow-remote", action="store_true", help="soak a server that is not on a loopback address")
