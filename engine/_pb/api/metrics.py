@@ -4,8 +4,8 @@
   status, prompt and completion tokens, time to first token, the gaps between streamed
   tokens, request durations, errors by code, the prefix cache's hit tokens, the two phases
   before a request's first step (its way into the engine, its wait there); and, read from the
-  live engine at scrape time, requests running and waiting, the paged cache's blocks and the
-  GPU memory torch's allocator holds.
+  live engine at scrape time, requests running and waiting, the paged cache's blocks, the
+  outputs no handler took and the handlers registered, and the GPU memory torch's allocator holds.
 - `GET /health`: upstream's status (503 with its reason when the batching worker died), plus
   uptime, the requests in the engine, the token totals and the tensor-parallel ranks' state.
 - One `pb-request {json}` log line per finished request (probes and scrapes excepted).
@@ -265,11 +265,16 @@ def _round(seconds):
 def engine_counts(generation_state) -> dict:
     """Requests and cache blocks of the live continuous-batching engine, read without its locks
     (lengths and counters only; a scrape may see a step half done)."""
-    counts = {"running": 0, "waiting": 0, "blocks_used": 0, "blocks_total": 0, "graphs": 0}
+    counts = {"running": 0, "waiting": 0, "blocks_used": 0, "blocks_total": 0, "graphs": 0, "unclaimed": 0,
+              "handlers": 0}
     cb = getattr(getattr(generation_state, "_cb_manager", None), "_cb", None)
     if cb is None:
         return counts
     counts["waiting"] = cb.input_queue.qsize()  # submitted, not yet taken by the batching loop
+    router = getattr(cb, "output_router", None)
+    if router is not None:  # at idle both are 0 but for requests let go (0920)
+        counts["unclaimed"] = router.output_queue.qsize()
+        counts["handlers"] = len(router.result_handlers)
     processor = cb.batch_processor
     if processor is not None:
         counts["running"] = len(processor.scheduler.active_requests)
@@ -378,6 +383,10 @@ def _make(generation_state) -> dict:
                 ("pb_kv_blocks_used", "blocks_used", "Paged KV cache blocks in use (cached prefixes included)"),
                 ("pb_kv_blocks_total", "blocks_total", "Paged KV cache blocks in all"),
                 ("pb_cuda_graphs", "graphs", "CUDA graphs the batching engine holds (a new one is a capture)"),
+                ("pb_outputs_unclaimed", "unclaimed", "Engine outputs that no request handler took (kept for "
+                 "in-process readers; in a server, outputs of requests already let go)"),
+                ("pb_output_handlers", "handlers", "Requests with an output handler registered (at idle: "
+                 "handlers of requests let go and never finished)"),
             ):
                 yield GaugeMetricFamily(name, doc, value=counts[key])
             yield from gpu_memory(GaugeMetricFamily, CounterMetricFamily)
