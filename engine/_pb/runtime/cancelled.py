@@ -5,8 +5,9 @@ A served request gets its outputs through a handler registered with the engine's
 an output with no handler goes on the router's shared queue, which only in-process callers
 (`generate_batch`, `get_result`) read. When a client goes away the server cancels its request,
 but the batching loop still finishes the step in flight and delivers that step's output:
-- patchbay's reply paths (0500's chat path, 0540's non-streamed one, 0560's completions) take
-  the handler away, so that output lands on the shared queue, where nobody takes it;
+- patchbay's reply paths (the chat path's choices, 0600; 0540's non-streamed one; 0620's
+  completions) take the handler away, so that output lands on the shared queue, where nobody
+  takes it;
 - upstream's streamed paths (its chat, completions and responses streams) cancel and leave the
   handler registered, and a cancelled request never sends the finished output that removes it:
   the handler and the stream state it holds stay.

@@ -4,8 +4,8 @@ calls, structured output, clients that disconnect, and malformed requests.
 
 Every request is bounded (max tokens, a total timeout) and recorded; `soak_report` classifies the
 records (expected 4xx for a bad request against everything unexpected), and judges leaked slots,
-what the requests left behind in the engine and the growth of the server's RSS. This module runs the clients (`soak_plan` says what they send)
-and samples the server.
+what the requests left behind in the engine and the growth of the server's RSS. This module runs
+the clients (`soak_plan` says what they send) and samples the server.
 """
 
 from __future__ import annotations
