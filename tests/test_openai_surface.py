@@ -131,6 +131,20 @@ def test_max_tokens_over_the_room_left_is_a_400_naming_the_numbers(server_on):
     assert clamped.status_code == 200  # upstream with 0030: shortened without a word
 
 
+def test_max_output_tokens_over_the_room_left_is_a_400_on_responses_too(server_on):
+    """/v1/responses (upstream's handler): a max_output_tokens of a billion ran to the end of the
+    context, minutes of work for one request; now refused as chat's max_tokens is."""
+    limit = httpx.get(f"{server_on.url}/v1/models", timeout=30).json()["data"][0]["context_length"]
+    body = {"model": server_on.model, "input": "Say something about the sea.", "max_output_tokens": 10**9}
+    r = httpx.post(f"{server_on.url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["param"] == "max_output_tokens" and error["code"] == "invalid_value"
+    assert str(limit) in error["message"] and "allowed: max_output_tokens <=" in error["message"]
+    fits = httpx.post(f"{server_on.url}/v1/responses", json={**body, "max_output_tokens": 4}, timeout=120)
+    assert fits.status_code == 200 and fits.json()["usage"]["output_tokens"] <= 4, fits.text[:300]
+
+
 # ---- vLLM's fields and legacy functions (0600) -----------------------------------------------
 
 

@@ -4,8 +4,9 @@
 - `system_fingerprint` is the build id (upstream: empty), so a client can tell two builds apart.
 - A stream carries usage only when the client asks (`stream_options.include_usage`), in a last
   chunk of its own with `choices: []`; upstream puts it on the finish chunk of every stream.
-- A `max_tokens` (or `max_completion_tokens`) larger than the room the prompt leaves in the
-  context is a 400 naming the numbers; upstream (with 0030) shortens it without a word.
+- A `max_tokens` (or `max_completion_tokens`, or /v1/responses' `max_output_tokens`) larger than
+  the room the prompt leaves in the context is a 400 naming the numbers; upstream (with 0030)
+  shortens it without a word.
 """
 
 from .. import knobs
@@ -32,11 +33,12 @@ def usage_in_stream(body: dict) -> str:
     return "last" if isinstance(options, dict) and options.get("include_usage") else "none"
 
 
-def check_room(body: dict, prompt_tokens: int, limit: int | None) -> None:
+def check_room(body: dict, prompt_tokens: int, limit: int | None,
+               keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")) -> None:
     """A max_tokens the context cannot hold after the prompt is the client's mistake, named."""
     if not on() or limit is None:
         return
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in keys:
         asked = body.get(key)
         if isinstance(asked, int) and not isinstance(asked, bool) and prompt_tokens + asked > limit:
             raise knobs.PBRequestError(
@@ -45,3 +47,13 @@ def check_room(body: dict, prompt_tokens: int, limit: int | None) -> None:
                      f"(allowed: {key} <= {max(limit - prompt_tokens, 0)})",
                 code="invalid_value", param=key)
 
+
+
+def check_output_room(body: dict, model, input_ids) -> None:
+    """/v1/responses: a max_output_tokens the context cannot hold after the prompt, named as
+    check_room names a chat request's max_tokens (upstream, with 0030, shortens it without a word)."""
+    if not on():
+        return
+    from .context import max_model_len, prompt_length
+
+    check_room(body, prompt_length(input_ids), max_model_len(model.config), keys=("max_output_tokens",))
