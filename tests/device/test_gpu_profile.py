@@ -19,20 +19,24 @@ def test_profile_job_runs_settings_side_by_side_on_the_cpu(patched_engine, tiny_
     env["PYTHONPATH"] = f"{patched_engine.site}:{ROOT / 'src'}"
     cmd = [sys.executable, "-m", "patchbay.device", "profile", "--out", str(tmp_path), "--model", tiny_model,
            "--levels", "1,2", "--tokens", "6", "--prefill", "40", "--distinct-prompts", "--setting", "eager",
-           "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2], "num_blocks": 16}']
+           "--setting", 'knob={"knobs": {"PB_GRAPH_BUCKETS": 1}, "levels": [2], "num_blocks": 16}',
+           "--setting", 'moe={"knobs": {"PB_FUSED_MOE": 1}, "levels": [1], "num_blocks": 16}']
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "profile.json").read_text())
     assert record["settings"]["knob"]["knobs"] == {"PB_GRAPH_BUCKETS": 1}
     rows = [p for p in record["passes"] if "aggregate_tok_s" in p]
-    assert [(p["setting"], p["concurrency"]) for p in rows] == [("eager", 1), ("eager", 2), ("knob", 2)]
+    assert [(p["setting"], p["concurrency"]) for p in rows] == [("eager", 1), ("eager", 2), ("knob", 2), ("moe", 1)]
+    # the experts a setting runs are the ones its knobs choose at load, as a server's load does
+    assert record["settings"]["moe"]["experts"] == "pb_triton"
+    assert record["settings"]["eager"]["experts"] == record["settings"]["knob"]["experts"] != "pb_triton"
     assert all(p["generated"] == 6 * p["concurrency"] and p["aggregate_tok_s"] > 0 for p in rows)
     # without CUDA graphs the knob changes nothing: the same replies
     assert rows[1]["replies_sha"] == rows[2]["replies_sha"]
     # --distinct-prompts: each request of a pass its own prompt, so its own reply
     assert record["distinct_prompts"] is True and rows[1]["distinct_replies"] == 2
     prefill = [p for p in record["passes"] if "prefill_tokens" in p]
-    assert len(prefill) == 2 and all(p["ttft_s"] > 0 for p in prefill)
+    assert len(prefill) == 3 and all(p["ttft_s"] > 0 for p in prefill)
 
     assert record["build"] == patched_engine.build_id
     assert (tmp_path / "command.txt").read_text().startswith("python -m patchbay.device profile --out ")

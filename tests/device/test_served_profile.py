@@ -20,9 +20,11 @@ def test_served_profile_profiles_every_rank_under_load(patched_engine, tiny_mode
     with monkeypatch.context() as env:  # the engine first on the servers' path
         env.setenv("PYTHONPATH", str(patched_engine.site))
         code = served_profile.served_profile_job(tmp_path / "p", [1, 2], 48, 0.3, {"PB_FINGERPRINT": "1"}, False, 32,
-                                      tiny_model, 2, free_port(), device="cpu")
+                                      tiny_model, 2, free_port(), device="cpu", distinct=True)
     assert code == 0
     record = json.loads((tmp_path / "p" / "served-profile.json").read_text())
+    assert record["distinct_prompts"] is True
+    assert len({served_profile.stream_prompt(n) for n in range(128)} | {served_profile.COUNT_PROMPT}) == 129
     rows = record["rows"]
     assert [(r["level"], r["rank"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert len({r["pid"] for r in rows}) == 2 and all(r["seconds"] >= 0.3 for r in rows)

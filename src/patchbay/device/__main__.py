@@ -141,6 +141,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--levels", default="1,8,32")
     f.add_argument("--tokens", type=int, default=1024, help="each stream's reply length (longer than the window)")
     f.add_argument("--window-s", type=float, default=1.0, help="seconds profiled at each level")
+    f.add_argument("--distinct-prompts", action="store_true",
+                   help="each stream its own prompt (on an MoE model its own experts); default: identical streams")
     w = sub.add_parser("wheels", help="gather the carried wheels into a folder (run here, not there)")
     w.add_argument("dest", nargs="?", default=str(ROOT / ".whl"))
     w.add_argument("--patched-only", action="store_true",
@@ -210,7 +212,8 @@ def main(argv: list[str]) -> int:
         except Fail as e:
             raise SystemExit(str(e)) from None
         return served_profile_job(Path(args.out), levels, args.tokens, args.window_s, parse_env(args.env, "--env"),
-                                  args.cuda_graphs, args.num_blocks, args.model_dir, args.tp, args.port)
+                                  args.cuda_graphs, args.num_blocks, args.model_dir, args.tp, args.port,
+                                  distinct=args.distinct_prompts)
     if args.verb == "agent":
         from .gpu import agent_job
 

@@ -11,7 +11,8 @@ a decode step (experts, dense GEMMs, attention, gathers, sampling, the rest), an
 time minus the GPU's busy time is the launch/host gap.
 
 A setting is a JSON object of ContinuousBatchingConfig fields plus "experts" (the model's experts
-implementation), "knobs" (PB_* variables set while the manager is made and runs) and "levels"
+implementation; left out, the one the setting's knobs choose at load, as a server's load does:
+0220's pb_triton with PB_FUSED_MOE on), "knobs" (PB_* variables set while the manager is made and runs) and "levels"
 (this setting's own concurrency levels), e.g.
     graphs={"use_cuda_graph": true}
     pow2={"use_cuda_graph": true, "knobs": {"PB_DECODE_BUCKETS": "1"}}
@@ -77,15 +78,27 @@ def parse_setting(text: str) -> tuple[str, dict]:
 class Knobs:
     """PB_* variables set for the life of one manager (read by the engine's patches at use)."""
 
-    def __init__(self, knobs: dict, model=None):
+    def __init__(self, knobs: dict, model=None, experts: str | None = None):
         self.knobs, self.saved, self.model = {k: str(v) for k, v in knobs.items()}, {}, model
+        self.experts, self.chosen = experts, None
 
     def __enter__(self):
         for key, value in self.knobs.items():
             self.saved[key] = os.environ.get(key)
             os.environ[key] = value
         self.reload(check=True)
-        load_hooks.apply(self.model)  # patches that decide at model load: apply them as a load would, undo on exit
+        # Patches that decide at model load: apply them as a load would, undo on exit. The experts
+        # implementation is one of those choices (0220's pb_triton with PB_FUSED_MOE on): given no
+        # `experts`, the model runs what the load would have chosen, else what it was built with.
+        kwargs = load_hooks.apply(self.model)
+        if self.model is not None:
+            self.chosen = self.experts or kwargs.get("experts_implementation") or self.model.config._experts_implementation
+            if self.chosen == "pb_triton":  # 0220's fused kernels: registered by the patched engine on demand
+                from transformers._pb.ops import fused_moe
+
+                fused_moe.register()
+            self.model.set_experts_implementation(self.chosen)
+        return self
 
     def __exit__(self, *exc):
         for key, value in self.saved.items():
@@ -316,20 +329,17 @@ def main(argv: list[str]) -> int:
               "build": build, "settings": {}, "passes": [], "distinct_prompts": args.distinct_prompts}
     distinct = config.vocab_size if args.distinct_prompts else None
     (out / "command.txt").write_text("python -m patchbay.device profile " + shlex.join(argv) + "\n")
-    default_experts = model.config._experts_implementation
+    built_experts = model.config._experts_implementation
     for name, setting in settings:
         setting = dict(setting)
-        experts = setting.pop("experts", default_experts)
+        experts = setting.pop("experts", None)  # None: what the setting's knobs choose at load, as a server's load
         knobs = setting.pop("knobs", {})
         setting_levels = setting.pop("levels", levels)
-        record["settings"][name] = {"experts": experts, "knobs": knobs, "cb_config": setting}
-        if experts == "pb_triton":  # 0220's fused kernels: registered by the patched engine on demand
-            from transformers._pb.ops import fused_moe
-
-            fused_moe.register()
-        model.set_experts_implementation(experts)
+        model.set_experts_implementation(built_experts)
         gen = GenerationConfig(do_sample=False, max_new_tokens=args.tokens, eos_token_id=-1, pad_token_id=0)
-        with Knobs(knobs, model):
+        with Knobs(knobs, model, experts) as applied:
+            record["settings"][name] = {"experts": applied.chosen, "knobs": knobs, "cb_config": setting}
+            print(f"{name}: experts {applied.chosen}", flush=True)
             try:
                 manager = model.init_continuous_batching(generation_config=gen,
                                                          continuous_batching_config=ContinuousBatchingConfig(**setting))

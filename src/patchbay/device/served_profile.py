@@ -152,11 +152,20 @@ class _Started:
                 self.event.set()
 
 
-def stream_reply(url: str, model: str, max_tokens: int, started: _Started, errors: list) -> None:
-    """One greedy streamed chat reply, read to its end."""
+def stream_prompt(index: int | None) -> str:
+    """The streams' prompt: all the same (None), or stream `index`'s own, which on an MoE model
+    gives each stream's rows their own experts, as distinct users' requests have."""
+    if index is None:
+        return COUNT_PROMPT
+    return f"Stream {index}: count upwards from {index * 37 + 1}, one number per line, and do not stop."
+
+
+def stream_reply(url: str, model: str, max_tokens: int, started: _Started, errors: list,
+                 index: int | None = None) -> None:
+    """One greedy streamed chat reply, read to its end (its prompt: stream_prompt(index))."""
     import httpx
 
-    body = {"model": model, "messages": [{"role": "user", "content": COUNT_PROMPT}], "max_tokens": max_tokens,
+    body = {"model": model, "messages": [{"role": "user", "content": stream_prompt(index)}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True}
     first = True
     try:
@@ -174,15 +183,17 @@ def stream_reply(url: str, model: str, max_tokens: int, started: _Started, error
 
 
 def profile_levels(procs: list, url: str, model: str, levels: list[int], tokens: int, window_s: float,
-                   ranks: list[Path]) -> list[dict]:
-    """For each level: C streams of `tokens` tokens; once every stream has its first token, each
+                   ranks: list[Path], distinct: bool = False) -> list[dict]:
+    """For each level: C streams of `tokens` tokens (identical, or each its own prompt with
+    `distinct`); once every stream has its first token, each
     served process (started under this module's profiler, writing its windows into ranks[r])
     is profiled for `window_s` seconds."""
     rows = []
     for level in levels:
         started, errors = _Started(level), []
-        threads = [threading.Thread(target=stream_reply, args=(url, model, tokens, started, errors))
-                   for _ in range(level)]
+        threads = [threading.Thread(target=stream_reply,
+                                    args=(url, model, tokens, started, errors, n if distinct else None))
+                   for n in range(level)]
         for t in threads:
             t.start()
         if not started.event.wait(300):
@@ -229,7 +240,8 @@ def render_served(rows: list[dict]) -> str:
 
 
 def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: float, env: dict, cuda_graphs: bool,
-                       num_blocks: int, model_dir: str | None, tp: int, port: int, device: str = "cuda") -> int:
+                       num_blocks: int, model_dir: str | None, tp: int, port: int, device: str = "cuda",
+                       distinct: bool = False) -> int:
     """Serve (air12 in memory, or MODEL_DIR as `tp` ranks), profile each level's decode steps on
     every rank, write out/served-profile.json and out/table.md."""
     from .servers import AIR12, start_serving, with_servers
@@ -247,7 +259,7 @@ def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: floa
 
     if with_servers(job):
         return 1
-    (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s,
+    (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s, "distinct_prompts": distinct,
                                                          "env": env, "tp": tp, "rows": rows}, indent=1) + "\n")
     table = render_served(rows)
     (out / "table.md").write_text(table)
