@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 
 from ..runtime import sampler
-from . import usage
+from . import disconnect, usage
 
 
 def seed_for(seed: int, j: int) -> int:
@@ -95,8 +95,6 @@ class Choices:
             sampler.release(rid)
             usage.release(rid)
             if reply.stopped or not reply.finished:
-                self.cb.cancel_request(rid)
-                with self.cb.output_router._lock:
-                    self.cb.output_router.result_handlers.pop(rid, None)
+                disconnect.let_go(self.cb, rid)
         for reply in self.replies[self.submitted:]:
             usage.release(reply.request_id)

@@ -18,7 +18,7 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, errors, fingerprint, limits, reply, shapes, sse, tokenize, vllm_fields
+from . import chat, context, disconnect, errors, fingerprint, limits, reply, shapes, sse, tokenize, vllm_fields
 from . import stops as stops_
 from .choices import seed_for
 from ..runtime import batched_sampler, sampler
@@ -245,9 +245,7 @@ async def _run(cb, body, request_id, model_id, choices, opts, gen_config):
         for c in everyone:
             sampler.release(c.request_id)
             if c.stopped or not c.finished:
-                cb.cancel_request(c.request_id)
-                with cb.output_router._lock:
-                    cb.output_router.result_handlers.pop(c.request_id, None)
+                disconnect.let_go(cb, c.request_id)
 
     def usage() -> dict:
         prompt = sum(c.prompt_len for c in everyone if c.index % opts["n"] == 0)

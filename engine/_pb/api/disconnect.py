@@ -71,6 +71,16 @@ class Middleware:
             watcher.cancel()
 
 
+def let_go(cb, request_id: str) -> None:
+    """Cancel a request nobody waits for any more and take its output handler away (under the
+    router's lock, as the router delivers), so that nothing of it stays registered. The reply paths
+    that give a request up call this: `result` here, the chat path's choices (0600), the completions
+    path (0620), and upstream's streamed paths with 0920 on."""
+    cb.cancel_request(request_id)
+    with cb.output_router._lock:
+        cb.output_router.result_handlers.pop(request_id, None)
+
+
 async def result(cb, request_id: str, future):
     """Upstream's `await future` in the non-streamed path, cancelling the request when the
     handler is cancelled (its client went away)."""
@@ -79,7 +89,5 @@ async def result(cb, request_id: str, future):
     try:
         return await future
     except asyncio.CancelledError:
-        cb.cancel_request(request_id)
-        with cb.output_router._lock:
-            cb.output_router.result_handlers.pop(request_id, None)
+        let_go(cb, request_id)
         raise

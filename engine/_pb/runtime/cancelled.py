@@ -43,8 +43,10 @@ def dropped(router, output) -> bool:
 
 def cancel(cb, request_id: str) -> None:
     """Upstream's streamed paths on a disconnect: cancel the request, as upstream; with the knob
-    on, take its handler away too."""
-    cb.cancel_request(request_id)
+    on, take its handler away too (0540's let_go, which the other reply paths call)."""
     if on():
-        with cb.output_router._lock:
-            cb.output_router.result_handlers.pop(request_id, None)
+        from ..api.disconnect import let_go
+
+        let_go(cb, request_id)
+    else:
+        cb.cancel_request(request_id)
