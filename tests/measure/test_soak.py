@@ -218,13 +218,16 @@ def test_a_short_soak_counts_every_kind_and_writes_its_window(soak_server, tmp_p
     raw = [json.loads(line) for line in (window / "raw.jsonl").read_text().splitlines()]
     assert len(raw) == summary["requests"] == sum(k["requests"] for k in kinds.values())
     assert kinds["bad_messages_type"]["categories"] == {"expected_4xx": kinds["bad_messages_type"]["requests"]}
-    for kind in ("chat", "chat_stream", "completion", "json_schema", "tool_auto", "tool_required"):
+    for kind in ("chat", "chat_stream", "completion", "json_schema", "tool_auto", "tool_required", "response",
+                 "response_stream"):
         assert kinds[kind]["categories"] == {"ok": kinds[kind]["requests"]}, (kind, summary["examples"])
     # A disconnecting stream leaves after its third data chunk; a sampled reply that ends first
     # (an end of turn as its first token: the role and finish chunks only) completed, and is ok.
+    # A Responses API stream sends several events before its first text, so it always leaves.
     leaving = kinds["disconnect_stream"]["categories"]
     assert set(leaving) <= {"disconnected", "ok"}, summary["examples"]
     assert leaving.get("disconnected", 0) >= 0.9 * kinds["disconnect_stream"]["requests"], leaving
+    assert kinds["disconnect_response"]["categories"] == {"disconnected": kinds["disconnect_response"]["requests"]}
     assert summary["rss"]["judged"] and summary["rss"]["pid"] == int(soak_server.files.pid.read_text().split()[0])
     assert summary["running"]["after_grace"] in (None, 0), summary["checks"]
     # the local set has 0920: the disconnects left nothing in the engine

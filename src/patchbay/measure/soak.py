@@ -1,6 +1,6 @@
 """`patchbay soak`: N clients for T minutes against one local server, with the traffic that breaks
 servers: streamed and whole chat completions of distinct real-text prompts, /v1/completions, tool
-calls, structured output, clients that disconnect, and malformed requests.
+calls, structured output, the Responses API, clients that disconnect, and malformed requests.
 
 Every request is bounded (max tokens, a total timeout) and recorded; `soak_report` classifies the
 records (expected 4xx for a bad request against everything unexpected), and judges leaked slots,
@@ -182,13 +182,19 @@ def _read_answer(rec: dict, text: str, status: int) -> None:
         return
     try:
         data = json.loads(text)
-        rec["completion_tokens"] = (data.get("usage") or {}).get("completion_tokens")
-        ok = isinstance(data.get("choices"), list) and bool(data["choices"])
+        usage = data.get("usage") or {}
+        rec["completion_tokens"] = usage.get("completion_tokens", usage.get("output_tokens"))
+        answer = data.get("output") if rec.get("path") == plan.RESPONSES else data.get("choices")
+        ok = isinstance(answer, list) and bool(answer)
     except (ValueError, AttributeError):
         ok = False
     rec["outcome"] = "completed" if ok else "bad_body"
     if not ok or rec["bad"]:  # an unreadable answer, or one a bad request should not have had
         rec["error"] = text[:300]
+
+
+# The Responses API's events that end a stream without its answer (chat's say so with an `error`).
+RESPONSE_FAILED = ("error", "response.failed")
 
 
 async def _streamed(client, url, req: Request, rec: dict, kwargs: dict, t0: float) -> None:
@@ -209,11 +215,15 @@ async def _streamed(client, url, req: Request, rec: dict, kwargs: dict, t0: floa
             except ValueError:
                 rec["outcome"], rec["error"] = "bad_body", line[:300]
                 return
-            if isinstance(chunk, dict) and chunk.get("error"):  # the server gave up mid-stream and said why
-                rec["outcome"], rec["error"] = "stream_error", json.dumps(chunk["error"])[:300]
+            if isinstance(chunk, dict) and (chunk.get("error") or chunk.get("type") in RESPONSE_FAILED):
+                # the server gave up mid-stream and said why
+                rec["outcome"] = "stream_error"
+                rec["error"] = json.dumps(chunk.get("error") or chunk.get("response") or chunk)[:300]
                 return
-            if isinstance(chunk, dict) and chunk.get("usage"):
-                rec["completion_tokens"] = chunk["usage"].get("completion_tokens")
+            usage = (chunk.get("usage") or (chunk.get("response") or {}).get("usage")) if isinstance(chunk, dict) \
+                else None
+            if usage:  # chat's and completions' last chunk, or the Responses API's response.completed
+                rec["completion_tokens"] = usage.get("completion_tokens", usage.get("output_tokens"))
             if req.close_after and chunks >= req.close_after:
                 rec["outcome"] = "closed"  # leaving the block closes the connection mid-reply
                 return

@@ -28,8 +28,11 @@ class SoakError(RuntimeError):
 # The families of traffic and their default weights (`--mix`); each family rotates over its kinds.
 FAMILIES = {"chat": ("chat",), "stream": ("chat_stream",), "completion": ("completion",),
             "tool": ("tool_auto", "tool_required"), "json": ("json_schema",),
-            "disconnect": ("disconnect_stream", "disconnect_timeout"), "bad": ()}
-DEFAULT_MIX = {"chat": 3, "stream": 3, "completion": 2, "tool": 2, "json": 2, "disconnect": 2, "bad": 2}
+            "disconnect": ("disconnect_stream", "disconnect_timeout"),
+            "responses": ("response", "response_stream", "disconnect_response"), "bad": ()}
+DEFAULT_MIX = {"chat": 3, "stream": 3, "completion": 2, "tool": 2, "json": 2, "disconnect": 2, "responses": 1,
+               "bad": 2}
+RESPONSES = "/v1/responses"
 # The first function of the ab suites' tool prompt: one keeps a tool request's prompt small enough
 # for the tiny model's context (both are 373 tokens of its 512).
 TOOLS = next(p.tools for p in PROMPTS if p.tools)[:1]
@@ -39,7 +42,7 @@ HUGE_MAX_TOKENS = 2**31  # one past int32: a server may clamp it to the context 
 @dataclass(frozen=True)
 class Request:
     kind: str
-    path: str  # /v1/chat/completions or /v1/completions
+    path: str  # /v1/chat/completions, /v1/completions or /v1/responses
     body: dict | None = None
     raw: bytes | None = None  # sent as is instead of `body` (malformed JSON)
     stream: bool = False
@@ -168,6 +171,13 @@ class Traffic:
         if kind == "disconnect_timeout":
             return Request(kind, chat, {**base, "messages": msgs, "max_tokens": 4 * self.max_tokens},
                            client_timeout=self.disconnect_timeout)
+        if kind in ("response", "response_stream", "disconnect_response"):  # the Responses API (upstream's)
+            body = {"model": self.model, "input": self.text(), "max_output_tokens": self.max_tokens,
+                    "temperature": 0.7, "top_p": 0.95, "stream": kind != "response"}
+            if kind == "disconnect_response":
+                return Request(kind, RESPONSES, {**body, "max_output_tokens": 4 * self.max_tokens}, stream=True,
+                               close_after=self.disconnect_after)
+            return Request(kind, RESPONSES, body, stream=body["stream"])
         return Request(kind, chat, {**base, "messages": msgs})
 
 
