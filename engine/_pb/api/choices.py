@@ -12,7 +12,8 @@ import dataclasses
 import hashlib
 
 from ..runtime import sampler
-from . import disconnect, usage
+from ..runtime.let_go import let_go
+from . import usage
 
 
 def seed_for(seed: int, j: int) -> int:
@@ -95,6 +96,6 @@ class Choices:
             sampler.release(rid)
             usage.release(rid)
             if reply.stopped or not reply.finished:
-                disconnect.let_go(self.cb, rid)
+                let_go(self.cb, rid)
         for reply in self.replies[self.submitted:]:
             usage.release(reply.request_id)

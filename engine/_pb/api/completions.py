@@ -18,10 +18,11 @@ import types
 import uuid
 
 from .. import knobs
-from . import chat, context, disconnect, errors, fingerprint, limits, reply, shapes, sse, tokenize, vllm_fields
+from . import chat, context, errors, fingerprint, limits, reply, shapes, sse, tokenize, vllm_fields
 from . import stops as stops_
 from .choices import seed_for
 from ..runtime import batched_sampler, sampler
+from ..runtime.let_go import let_go
 
 MAX_CHOICES = 128  # prompts x n in one request
 TAKEN = ("n", "best_of", "echo", "logprobs", "stream_options", "presence_penalty", "user")
@@ -245,7 +246,7 @@ async def _run(cb, body, request_id, model_id, choices, opts, gen_config):
         for c in everyone:
             sampler.release(c.request_id)
             if c.stopped or not c.finished:
-                disconnect.let_go(cb, c.request_id)
+                let_go(cb, c.request_id)
 
     def usage() -> dict:
         prompt = sum(c.prompt_len for c in everyone if c.index % opts["n"] == 0)

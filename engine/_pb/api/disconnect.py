@@ -13,6 +13,7 @@ upstream's own handling: the disconnect message is handed on to them unchanged.
 import asyncio
 
 from .. import knobs
+from ..runtime.let_go import let_go
 
 
 def on() -> bool:
@@ -69,16 +70,6 @@ class Middleware:
             raise
         finally:
             watcher.cancel()
-
-
-def let_go(cb, request_id: str) -> None:
-    """Cancel a request nobody waits for any more and take its output handler away (under the
-    router's lock, as the router delivers), so that nothing of it stays registered. The reply paths
-    that give a request up call this: `result` here, the chat path's choices (0600), the completions
-    path (0620), and upstream's streamed paths with 0920 on."""
-    cb.cancel_request(request_id)
-    with cb.output_router._lock:
-        cb.output_router.result_handlers.pop(request_id, None)
 
 
 async def result(cb, request_id: str, future):

@@ -23,6 +23,7 @@ itself (0200). `/metrics` shows both sides with the knob on or off: `pb_outputs_
 """
 
 from .. import knobs
+from .let_go import let_go
 
 
 def on() -> bool:
@@ -43,10 +44,8 @@ def dropped(router, output) -> bool:
 
 def cancel(cb, request_id: str) -> None:
     """Upstream's streamed paths on a disconnect: cancel the request, as upstream; with the knob
-    on, take its handler away too (0540's let_go, which the other reply paths call)."""
+    on, take its handler away too (0540's let_go, as patchbay's reply paths do)."""
     if on():
-        from ..api.disconnect import let_go
-
         let_go(cb, request_id)
     else:
         cb.cancel_request(request_id)
