@@ -12,8 +12,8 @@ time minus the GPU's busy time is the launch/host gap.
 
 A setting is a JSON object of ContinuousBatchingConfig fields plus "experts" (the model's experts
 implementation; left out, the one the setting's knobs choose at load, as a server's load does:
-0220's pb_triton with PB_FUSED_MOE on), "knobs" (PB_* variables set while the manager is made and runs) and "levels"
-(this setting's own concurrency levels), e.g.
+0220's pb_triton with PB_FUSED_MOE on), "knobs" (PB_* variables set while the manager is made and
+runs) and "levels" (this setting's own concurrency levels), e.g.
     graphs={"use_cuda_graph": true}
     pow2={"use_cuda_graph": true, "knobs": {"PB_DECODE_BUCKETS": "1"}}
 Writes profile.json (every pass and the top kernels) and command.txt, and prints one line per
@@ -80,7 +80,7 @@ class Knobs:
 
     def __init__(self, knobs: dict, model=None, experts: str | None = None):
         self.knobs, self.saved, self.model = {k: str(v) for k, v in knobs.items()}, {}, model
-        self.experts, self.chosen = experts, None
+        self.experts, self.chosen, self.built = experts, None, None
 
     def __enter__(self):
         for key, value in self.knobs.items():
@@ -92,7 +92,8 @@ class Knobs:
         # `experts`, the model runs what the load would have chosen, else what it was built with.
         kwargs = load_hooks.apply(self.model)
         if self.model is not None:
-            self.chosen = self.experts or kwargs.get("experts_implementation") or self.model.config._experts_implementation
+            self.built = self.model.config._experts_implementation
+            self.chosen = self.experts or kwargs.get("experts_implementation") or self.built
             if self.chosen == "pb_triton":  # 0220's fused kernels: registered by the patched engine on demand
                 from transformers._pb.ops import fused_moe
 
@@ -108,6 +109,8 @@ class Knobs:
                 os.environ[key] = value
         self.reload(check=False)
         load_hooks.restore()
+        if self.built is not None:  # the next setting starts from the model as it was built
+            self.model.set_experts_implementation(self.built)
 
     def reload(self, check: bool) -> None:
         """The knob runtime reads the environment once: read it again, and check that every knob
@@ -329,13 +332,11 @@ def main(argv: list[str]) -> int:
               "build": build, "settings": {}, "passes": [], "distinct_prompts": args.distinct_prompts}
     distinct = config.vocab_size if args.distinct_prompts else None
     (out / "command.txt").write_text("python -m patchbay.device profile " + shlex.join(argv) + "\n")
-    built_experts = model.config._experts_implementation
     for name, setting in settings:
         setting = dict(setting)
         experts = setting.pop("experts", None)  # None: what the setting's knobs choose at load, as a server's load
         knobs = setting.pop("knobs", {})
         setting_levels = setting.pop("levels", levels)
-        model.set_experts_implementation(built_experts)
         gen = GenerationConfig(do_sample=False, max_new_tokens=args.tokens, eos_token_id=-1, pad_token_id=0)
         with Knobs(knobs, model, experts) as applied:
             record["settings"][name] = {"experts": applied.chosen, "knobs": knobs, "cb_config": setting}

@@ -259,8 +259,9 @@ def served_profile_job(out: Path, levels: list[int], tokens: int, window_s: floa
 
     if with_servers(job):
         return 1
-    (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s, "distinct_prompts": distinct,
-                                                         "env": env, "tp": tp, "rows": rows}, indent=1) + "\n")
+    (out / "served-profile.json").write_text(json.dumps({"levels": levels, "tokens": tokens, "window_s": window_s,
+                                                         "distinct_prompts": distinct, "env": env, "tp": tp,
+                                                         "rows": rows}, indent=1) + "\n")
     table = render_served(rows)
     (out / "table.md").write_text(table)
     print(table, flush=True)
