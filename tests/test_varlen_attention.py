@@ -14,7 +14,8 @@ pytestmark = pytest.mark.engine
 
 
 KNOBS = {"0370": {}, "0400": {"PB_VARLEN_FAST": "1"},
-         "0740+0750": {"PB_VARLEN_FAST": "1", "PB_SPLIT_DECODE": "1", "PB_CACHE_READ": "1"}}
+         "0740+0750": {"PB_VARLEN_FAST": "1", "PB_SPLIT_DECODE": "1", "PB_CACHE_READ": "1", "PB_GRAPH_BUCKETS": "1",
+                       "PB_KV_SIZING": "1"}}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,23 @@ def test_cache_read_attends_from_the_pages_with_the_gathers_bits(on):
     assert got["gather_run_indexed"] == 0 and got["indexed_calls"] >= 2 * 9  # both layers, every decode step
     assert got["same_calls"] is True and got["equal_bits"] is True
     assert got["replies_equal"] is True
+
+
+@pytest.mark.parametrize("on", ["0740+0750"], indirect=True)
+def test_decode_graphs_replay_one_key_a_batch_size_with_the_same_bits(on):
+    # 0930: prompts of 150, 60 and 20 tokens, 40-token replies, steps padded as CUDA graphs pad them
+    # (0230's buckets) and run eagerly. Without the knob the decode steps' keys follow the growing
+    # KV reads; with it every decode step reads the cache's whole width: its key is its query
+    # bucket and the cap, and every attention output keeps its bits.
+    got = on["decode_graphs"]
+    assert got["prompt_lengths"] == [150, 60, 20] and got["reply_lengths"] == [40, 40, 40]
+    cap = got["cap"]
+    assert len(cap) == 1 and cap[0] >= 230 + 120
+    assert got["wide_steps_off"] == 0 and got["wide_steps"] >= 39  # every decode step (the first is the prompts')
+    decode_off = [k for k in got["keys_off"] if k[0] <= 4]  # three rows pad to four
+    assert len({k[1] for k in decode_off}) >= 2  # the KV reads crossed buckets: new keys without the knob
+    assert [k for k in got["keys_on"] if k[0] <= 4] == [[4, cap[0], cap[0]]]  # one key for all of them
+    assert got["equal_bits"] is True and got["replies_equal"] is True
 
 
 def test_a_drafted_steps_rows_attended_as_decode_rows_equal_the_serial_steps(on):

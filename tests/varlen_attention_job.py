@@ -186,20 +186,27 @@ def verify_rows(past: int = 700, drafts: int = 4) -> dict:
                                                 for j in range(new))}
 
 
-def cache_read(model_dir: str) -> dict:
-    """0750: the tiny model's greedy replies to prompts of 20 to 400 tokens through the batching
-    loop, steps of at most 256 tokens (the long prompt in chunks after its cached keys, beside
-    decode rows), with the attention reading the cache's pages and with upstream's gather: every
-    attention output the same bits, and the replies the same."""
+def batching_run(model_dir: str, text: str, lengths: tuple, new_tokens: int):
+    """The tiny model in float32 with sdpa, prompts of `lengths` tokens cut from `text` repeated, a
+    greedy config of `new_tokens` and a batching config of 16 pages and steps of at most 256 tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
-    words = "the cache holds every key a request has read so far and the step reads them again ".split()
-    prompts = [tok(" ".join(words[i % len(words)] for i in range(n)))["input_ids"][:n] for n in (400, 150, 20)]
-    config = GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-    cb = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
+    words = text.split()
+    prompts = [tok(" ".join(words[i % len(words)] for i in range(n)))["input_ids"][:n] for n in lengths]
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return model, prompts, config, ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
+
+
+def cache_read(model_dir: str) -> dict:
+    """0750: the tiny model's greedy replies to prompts of 20 to 400 tokens through the batching
+    loop, steps of at most 256 tokens (the long prompt in chunks after its cached keys, beside
+    decode rows), with the attention reading the cache's pages and with upstream's gather: every
+    attention output the same bits, and the replies the same."""
+    model, prompts, config, cb = batching_run(
+        model_dir, "the cache holds every key a request has read so far and the step reads them again", (400, 150, 20), 10)
     real = varlen_attention._attend
     outputs, indexed = [], []
 
@@ -222,6 +229,64 @@ def cache_read(model_dir: str) -> dict:
     a, b = runs[False], runs[True]
     return {"calls": len(b["outputs"]), "indexed_calls": b["indexed"], "gather_run_indexed": a["indexed"],
             "same_calls": len(a["outputs"]) == len(b["outputs"]),
+            "equal_bits": len(a["outputs"]) == len(b["outputs"])
+            and all(torch.equal(x, y) for x, y in zip(a["outputs"], b["outputs"])),
+            "replies_equal": a["replies"] == b["replies"], "reply_lengths": [len(r) for r in b["replies"]],
+            "prompt_lengths": [len(p) for p in prompts]}
+
+
+def decode_graphs(model_dir: str) -> dict:
+    """0930: the tiny model's greedy replies through the batching loop with padded step shapes (as
+    CUDA graphs pad them; here the padded forward runs eagerly), with PB_DECODE_GRAPHS's wide
+    decode reads and without: the graph key each step would replay, every attention output's
+    bits and the replies. The contexts grow across several of 0230's KV buckets."""
+    from transformers.generation.continuous_batching import model_runner as runner_module
+
+    from transformers._pb.runtime import decode_graphs as wide, graph_after, kv_sizing
+
+    kv_sizing.at_load()  # 0850 (the job's knobs): no masks, as the server's load would set
+    model, prompts, config, cb = batching_run(
+        model_dir, "a decode step reads every key its row has and writes one more at the end of it", (150, 60, 20), 40)
+    runner_class = runner_module.ModelRunner
+    real_init, real_compute, real_attend, knob = (runner_class.__init__, runner_class.compute_batch,
+                                                 varlen_attention._attend, wide.on)
+    outputs, keys, wide_steps, caps = [], [], [], set()
+
+    def padded_init(self, *args, **kwargs):  # the shapes graphs would replay, run eagerly
+        real_init(self, *args, **kwargs)
+        self.pad_inputs = True
+
+    def compute(self, *args, **kwargs):
+        io = graph_after._device_io(self.inputs_and_outputs)
+        keys.append(io._get_graph_key())
+        wide_steps.append(wide.wide(io))
+        caps.add(self.cache.max_tokens_read)
+        return real_compute(self, *args, **kwargs)
+
+    def recording(*args, **kwargs):
+        out = real_attend(*args, **kwargs)
+        outputs.append(out.clone())
+        return out
+
+    runner_class.__init__, runner_class.compute_batch, varlen_attention._attend = padded_init, compute, recording
+    runs = {}
+    try:
+        for on in (False, True):
+            wide.on = lambda on=on: on
+            outputs.clear(), keys.clear(), wide_steps.clear()
+            outs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb,
+                                        progress_bar=False)
+            decode_keys = {k for k, w in zip(keys, wide_steps) if w} if on else set(keys[1:])
+            runs[on] = {"replies": [outs[r].generated_tokens for r in sorted(outs)], "outputs": list(outputs),
+                        "steps": len(keys), "wide_steps": sum(wide_steps), "keys": sorted(map(list, set(keys))),
+                        "decode_keys": len(decode_keys)}
+    finally:
+        runner_class.__init__, runner_class.compute_batch = real_init, real_compute
+        varlen_attention._attend, wide.on = real_attend, knob
+        kv_sizing.restore()
+    a, b = runs[False], runs[True]
+    return {"steps": b["steps"], "wide_steps": b["wide_steps"], "wide_steps_off": a["wide_steps"],
+            "keys_off": a["keys"], "keys_on": b["keys"], "cap": sorted(caps),
             "equal_bits": len(a["outputs"]) == len(b["outputs"])
             and all(torch.equal(x, y) for x, y in zip(a["outputs"], b["outputs"])),
             "replies_equal": a["replies"] == b["replies"], "reply_lengths": [len(r) for r in b["replies"]],
@@ -270,4 +335,6 @@ if len(sys.argv) > 1:
     report["tiny"] = tiny_replies(sys.argv[1])
     if varlen_attention.READ_CACHE:
         report["cache_read"] = cache_read(sys.argv[1])
+    if varlen_attention.READ_CACHE and varlen_attention.SPLIT:
+        report["decode_graphs"] = decode_graphs(sys.argv[1])
 print(json.dumps(report))

@@ -215,8 +215,9 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
     the parts spread over the GPU, then merged in key order (see the module's text)."""
     kv_heads, dim = key.shape[1], query.shape[-1]
     block_h = max(16, pow2(groups))
-    # a row of b key blocks has at most ceil(b / PART_BLOCKS) parts: over the step, this many at most
-    slots = (2 * sequences + keys // (BLOCK_N * PART_BLOCKS) + 1) * kv_heads
+    # a row of b key blocks has at most ceil(b / PART_BLOCKS) parts and at most MAX_PARTS: over the step,
+    # this many at most (the second bound keeps a step padded to a wide KV read, 0930, from growing them)
+    slots = min(2 * sequences + keys // (BLOCK_N * PART_BLOCKS) + 1, sequences * MAX_PARTS) * kv_heads
     acc = torch.empty((slots, block_h, dim), dtype=torch.float32, device=query.device)
     ml = torch.empty((slots, 2, block_h), dtype=torch.float32, device=query.device)
     sizes = dict(GROUPS=groups, HEAD_DIM=dim, BLOCK_H=block_h, BLOCK_N=BLOCK_N, PART_BLOCKS=PART_BLOCKS,

@@ -12,7 +12,7 @@ cumulative lengths the step already copied, so the host neither builds nor copie
 an 8K-token prompt that region is 8K x 8K).
 """
 
-from . import causal_prefill, step_prep
+from . import causal_prefill, decode_graphs, step_prep
 from .. import knobs
 
 
@@ -35,7 +35,8 @@ def transfer_used(host, device, non_blocking: bool) -> bool:
     q, kv = host.num_q_tokens, host.max_kv_read
     device.write_index_storage[:, :q].copy_(host.write_index_storage[:, :q], non_blocking=non_blocking)
     if kv > 0:
-        device.read_index_storage[:, : q + kv].copy_(host.read_index_storage[:, : q + kv], non_blocking=non_blocking)
+        n = decode_graphs.copied(host, q + kv)  # 0930: a decode step's own indices, not its padded width
+        device.read_index_storage[:, :n].copy_(host.read_index_storage[:, :n], non_blocking=non_blocking)
     if host.attention_mask is not None and device.attention_mask is not None:
         host._pb_mask_on_device = True  # from now on the host side skips building its own
         if causal_prefill.causal(host):  # 0270: this step reads no mask
