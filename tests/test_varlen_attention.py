@@ -95,19 +95,27 @@ def test_cache_read_attends_from_the_pages_with_the_gathers_bits(on):
 
 @pytest.mark.parametrize("on", ["0740+0750"], indirect=True)
 def test_decode_graphs_replay_one_key_a_batch_size_with_the_same_bits(on):
-    # 0930: prompts of 150, 60 and 20 tokens, 40-token replies, steps padded as CUDA graphs pad them
-    # (0230's buckets) and run eagerly. Without the knob the decode steps' keys follow the growing
-    # KV reads; with it every decode step reads the cache's whole width: its key is its query
-    # bucket and the cap, and every attention output keeps its bits.
+    # 0930: prompts of 400, 150 and 20 tokens in steps of at most 256 (the long one's second chunk
+    # beside decode rows), 40-token replies, steps padded as CUDA graphs pad them (0230's buckets)
+    # and run eagerly, the knob at 0, 1 and 2
     got = on["decode_graphs"]
-    assert got["prompt_lengths"] == [150, 60, 20] and got["reply_lengths"] == [40, 40, 40]
-    cap = got["cap"]
-    assert len(cap) == 1 and cap[0] >= 230 + 120
-    assert got["wide_steps_off"] == 0 and got["wide_steps"] >= 39  # every decode step (the first is the prompts')
-    decode_off = [k for k in got["keys_off"] if k[0] <= 4]  # three rows pad to four
-    assert len({k[1] for k in decode_off}) >= 2  # the KV reads crossed buckets: new keys without the knob
-    assert [k for k in got["keys_on"] if k[0] <= 4] == [[4, cap[0], cap[0]]]  # one key for all of them
-    assert got["equal_bits"] is True and got["replies_equal"] is True
+    assert got["prompt_lengths"] == [400, 150, 20] and got["reply_lengths"] == [40, 40, 40]
+    (cap,) = got["cap"]
+    off, decode, every = got["level0"], got["level1"], got["level2"]
+    # without the knob the decode steps' keys follow their growing KV reads across buckets
+    assert off["wide_steps"] == 0 and len({k[1] for k in off["keys"] if k[0] <= 4}) >= 2
+    # at 1, every decode step (2 or 3 rows, padded to 2 or 4) reads the cache's whole width: one key
+    # a batch size; the step with a prompt chunk keeps its own
+    assert [k for k in decode["keys"] if k[0] <= 4] == [[2, cap, cap], [4, cap, cap]]
+    assert decode["wide_steps"] >= 38 and [64, cap, cap] not in decode["keys"]
+    # at 2, every step that reads cached keys does (the chunk beside decode rows too); the first
+    # step, fresh prompts reading nothing, keeps a KV read of 0
+    assert all(k[1:] == [cap, cap] for k in every["keys"] if k[1] > 0)
+    assert [64, cap, cap] in every["keys"] and every["wide_steps"] == every["steps"] - 1
+    assert any(k[1] == 0 for k in every["keys"])
+    for run in (decode, every):
+        assert run["steps"] == off["steps"]
+        assert run["equal_bits"] is True and run["replies_equal"] is True  # every attention output
 
 
 def test_a_drafted_steps_rows_attended_as_decode_rows_equal_the_serial_steps(on):

@@ -237,20 +237,21 @@ def cache_read(model_dir: str) -> dict:
 
 def decode_graphs(model_dir: str) -> dict:
     """0930: the tiny model's greedy replies through the batching loop with padded step shapes (as
-    CUDA graphs pad them; here the padded forward runs eagerly), with PB_DECODE_GRAPHS's wide
-    decode reads and without: the graph key each step would replay, every attention output's
-    bits and the replies. The contexts grow across several of 0230's KV buckets."""
+    CUDA graphs pad them; here the padded forward runs eagerly), with PB_DECODE_GRAPHS at 0, 1 and
+    2: the graph key each step would replay, every attention output's bits and the replies. The
+    400-token prompt is cut into steps of 256 tokens, its later chunks beside decode rows, and the
+    contexts grow across several of 0230's KV buckets."""
     from transformers.generation.continuous_batching import model_runner as runner_module
 
     from transformers._pb.runtime import decode_graphs as wide, graph_after, kv_sizing
 
     kv_sizing.at_load()  # 0850 (the job's knobs): no masks, as the server's load would set
     model, prompts, config, cb = batching_run(
-        model_dir, "a decode step reads every key its row has and writes one more at the end of it", (150, 60, 20), 40)
+        model_dir, "a decode step reads every key its row has and writes one more at the end of it", (400, 150, 20), 40)
     runner_class = runner_module.ModelRunner
     real_init, real_compute, real_attend, knob = (runner_class.__init__, runner_class.compute_batch,
                                                  varlen_attention._attend, wide.on)
-    outputs, keys, wide_steps, caps = [], [], [], set()
+    outputs, keys, caps = [], [], set()
 
     def padded_init(self, *args, **kwargs):  # the shapes graphs would replay, run eagerly
         real_init(self, *args, **kwargs)
@@ -258,8 +259,7 @@ def decode_graphs(model_dir: str) -> dict:
 
     def compute(self, *args, **kwargs):
         io = graph_after._device_io(self.inputs_and_outputs)
-        keys.append(io._get_graph_key())
-        wide_steps.append(wide.wide(io))
+        keys.append((list(io._get_graph_key()), bool(wide.wide(io))))
         caps.add(self.cache.max_tokens_read)
         return real_compute(self, *args, **kwargs)
 
@@ -271,27 +271,28 @@ def decode_graphs(model_dir: str) -> dict:
     runner_class.__init__, runner_class.compute_batch, varlen_attention._attend = padded_init, compute, recording
     runs = {}
     try:
-        for on in (False, True):
-            wide.on = lambda on=on: on
-            outputs.clear(), keys.clear(), wide_steps.clear()
+        for level in (0, 1, 2):
+            wide.on = lambda level=level: level
+            outputs.clear(), keys.clear()
             outs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb,
                                         progress_bar=False)
-            decode_keys = {k for k, w in zip(keys, wide_steps) if w} if on else set(keys[1:])
-            runs[on] = {"replies": [outs[r].generated_tokens for r in sorted(outs)], "outputs": list(outputs),
-                        "steps": len(keys), "wide_steps": sum(wide_steps), "keys": sorted(map(list, set(keys))),
-                        "decode_keys": len(decode_keys)}
+            steps = keys[1:]  # the first is upstream's warm-up at the largest sizes
+            runs[level] = {"replies": [outs[r].generated_tokens for r in sorted(outs)], "outputs": list(outputs),
+                           "steps": len(steps), "wide_steps": sum(w for _, w in steps),
+                           "keys": sorted({tuple(k) for k, _ in steps})}
     finally:
         runner_class.__init__, runner_class.compute_batch = real_init, real_compute
         varlen_attention._attend, wide.on = real_attend, knob
         kv_sizing.restore()
-    a, b = runs[False], runs[True]
-    return {"steps": b["steps"], "wide_steps": b["wide_steps"], "wide_steps_off": a["wide_steps"],
-            "keys_off": a["keys"], "keys_on": b["keys"], "cap": sorted(caps),
-            "equal_bits": len(a["outputs"]) == len(b["outputs"])
-            and all(torch.equal(x, y) for x, y in zip(a["outputs"], b["outputs"])),
-            "replies_equal": a["replies"] == b["replies"], "reply_lengths": [len(r) for r in b["replies"]],
-            "prompt_lengths": [len(p) for p in prompts]}
-
+    base = runs[0]
+    return {"cap": sorted(caps), "prompt_lengths": [len(p) for p in prompts],
+            "reply_lengths": [len(r) for r in base["replies"]],
+            **{f"level{level}": {"steps": run["steps"], "wide_steps": run["wide_steps"],
+                                  "keys": [list(k) for k in run["keys"]],
+                                  "equal_bits": len(run["outputs"]) == len(base["outputs"])
+                                  and all(torch.equal(x, y) for x, y in zip(run["outputs"], base["outputs"])),
+                                  "replies_equal": run["replies"] == base["replies"]}
+               for level, run in runs.items()}}
 
 def tiny_replies(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig

@@ -1,4 +1,4 @@
-"""PB_DECODE_GRAPHS: one CUDA graph for each decode batch size, whatever the contexts' lengths.
+"""PB_DECODE_GRAPHS: one CUDA graph for each batch size, whatever the contexts' lengths.
 
 On the varlen path a step's graph is keyed by its padded query tokens, the KV tokens it reads
 and its longest key (0230 rounds the reads to a quarter of an octave, the longest key to a power
@@ -10,18 +10,20 @@ capture of 60-90 ms that holds every stream.
 With this project's attention (0370's kernels reading the cache's pages, 0750; no mask, 0850)
 nothing a decode step computes depends on those two sizes: the kernels walk each row's own keys
 from the cumulative lengths, the decode grid is fixed (0740), and the read index past the step's
-own entries is never read. So with the knob on, a step whose every request brings one query
+own entries is never read. So with the knob at 1, a step whose every request brings one query
 token pads its KV reads to the cache's whole read capacity and its longest key to the same cap:
-the decode graphs are one a query bucket. The same kernels read the same rows, so a reply keeps
-its bits. What the wider padding would cost is kept out: the asynchronous copy carries only the
+the decode graphs are one a query bucket. The same holds of the prompt kernel, which walks each
+sequence's keys from the same lengths: at 2, every step that reads cached keys (a prompt chunk
+beside decode rows, a prompt after its cached prefix, drafted rows) pads so, and a step's graph
+depends on its query tokens alone (steps that read no cache keep their own). The same kernels
+read the same rows, so a reply keeps its bits. What the wider padding would cost is kept out: the asynchronous copy carries only the
 step's own read indices (`copied`), and 0740's part buffers are bounded by the rows as well as by
 the keys (varlen_attention._decode_in_parts).
 
 It applies only where all of that holds, checked once a model runner (`_fits`): padded step
-shapes (CUDA graphs, or compile), 0370 with 0750 reading the cache, every cache group full attention with no mask, and
-a 16-bit cache. Elsewhere (a sliding window, upstream's gather of every key read, 0830's gather of
-the prompt rows) a wider read would cost a wider gather, and the step keeps 0230's buckets. Drafting rows (0800) bring several query tokens a
-request, so their steps keep their buckets too.
+shapes (CUDA graphs, or compile), 0370 with 0750 reading the cache, every cache group full
+attention with no mask, and a 16-bit cache. Elsewhere (a sliding window, upstream's gather of every key read, 0830's gather of
+the prompt rows) a wider read would cost a wider gather, and the step keeps 0230's buckets.
 Hooks: where the batching loop pads a step's sizes, where a step pads its longest key, and
 0240's copy of the read indices.
 """
@@ -30,8 +32,10 @@ import sys
 
 from .. import knobs
 
-def on() -> bool:
-    return bool(knobs.get("PB_DECODE_GRAPHS"))
+
+def on() -> int:
+    """0: off; 1: steps of decode rows alone; 2: every step that reads cached keys."""
+    return int(knobs.get("PB_DECODE_GRAPHS") or 0)
 
 
 def why_not(model_runner) -> str | None:
@@ -65,23 +69,26 @@ def _fits(model_runner) -> bool:
         reason = why_not(model_runner)
         fits = model_runner._pb_decode_graphs = reason is None
         sys.stderr.write("patchbay: PB_DECODE_GRAPHS: " + (
-            "decode steps read the whole cache's KV width under one graph a batch size\n" if reason is None
-            else f"decode steps keep their KV buckets: {reason}\n"))
+            ("decode steps" if on() == 1 else "steps that read the cache")
+            + " read the cache's whole KV width under one graph a batch size\n" if reason is None
+            else f"steps keep their KV buckets: {reason}\n"))
     return fits
 
 
 def pad(model_runner, requests: int, num_q_tokens: int, max_kv_read: int, use_decode_fast_path: bool):
     """The step's padded (query tokens, KV tokens read): upstream's / 0230's padding, and with the
-    knob on, a step of one query token a request reads the cache's whole KV width."""
-    rows = num_q_tokens
+    knob at 1 a step of one query token a request, at 2 any step that reads cached keys, reads the
+    cache's whole KV width."""
+    level, rows = on(), num_q_tokens
     num_q_tokens, max_kv_read = model_runner.maybe_pad_inputs(num_q_tokens, max_kv_read, use_decode_fast_path)
-    if on() and not use_decode_fast_path and max_kv_read > 0 and rows == requests and _fits(model_runner):
+    if (level and not use_decode_fast_path and max_kv_read > 0 and (level > 1 or rows == requests)
+            and _fits(model_runner)):
         max_kv_read = model_runner.cache.max_tokens_read
     return num_q_tokens, max_kv_read
 
 
 def wide(io) -> bool:
-    """Whether this IO's step reads the cache's whole KV width (a decode step under the knob)."""
+    """Whether this IO's step reads the cache's whole KV width (padded so under the knob)."""
     return on() and io.max_kv_read > 0 and io.max_kv_read >= io.cache.max_tokens_read
 
 
