@@ -42,12 +42,14 @@ def metric(server, name: str) -> float:
 def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range. A port the kernel handed out
     (bind to 0) can be taken again by any outgoing connection (gloo opens many) before the
-    server binds it; one below that range only by another listener."""
+    server binds it; one below that range only by another listener. Never a config's default
+    rendezvous port: a config whose PORT is its RDZV_PORT is refused."""
     rng = random.Random()  # seeded from the OS: concurrent test runs spread out
     floor = _ephemeral_floor()
+    reserved = {config.Config.rdzv_port}
     for _ in range(500):
         port = rng.randint(max(1024, floor - 12000), floor - 1)
-        if port in _handed_out:
+        if port in _handed_out or port in reserved:
             continue
         with socket.socket() as s:
             try:
