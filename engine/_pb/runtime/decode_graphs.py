@@ -16,14 +16,15 @@ the decode graphs are one a query bucket. The same holds of the prompt kernel, w
 sequence's keys from the same lengths: at 2, every step that reads cached keys (a prompt chunk
 beside decode rows, a prompt after its cached prefix, drafted rows) pads so, and a step's graph
 depends on its query tokens alone (steps that read no cache keep their own). The same kernels
-read the same rows, so a reply keeps its bits. What the wider padding would cost is kept out: the asynchronous copy carries only the
-step's own read indices (`copied`), and 0740's part buffers are bounded by the rows as well as by
-the keys (varlen_attention._decode_in_parts).
+read the same rows, so a reply keeps its bits. What the wider padding would cost is kept out:
+the asynchronous copy carries only the step's own read indices (`copied`), and 0740's part
+buffers are bounded by the rows as well as by the keys (varlen_attention._decode_in_parts).
 
 It applies only where all of that holds, checked once a model runner (`_fits`): padded step
 shapes (CUDA graphs, or compile), 0370 with 0750 reading the cache, every cache group full
-attention with no mask, and a 16-bit cache. Elsewhere (a sliding window, upstream's gather of every key read, 0830's gather of
-the prompt rows) a wider read would cost a wider gather, and the step keeps 0230's buckets.
+attention with no mask, and a 16-bit cache. Elsewhere (a sliding window, upstream's gather of
+every key read, 0830's gather of the prompt rows) a wider read would cost a wider gather, and
+the step keeps 0230's buckets.
 Hooks: where the batching loop pads a step's sizes, where a step pads its longest key, and
 0240's copy of the read indices.
 """
@@ -39,7 +40,7 @@ def on() -> int:
 
 
 def why_not(model_runner) -> str | None:
-    """Why decode steps of this runner keep 0230's buckets, or None when the knob applies."""
+    """Why this runner's steps keep 0230's buckets, or None when the knob applies."""
     from ...generation.continuous_batching.cache_allocators import FULL_ATTENTION
     from ..ops import varlen_attention
 
@@ -89,7 +90,7 @@ def pad(model_runner, requests: int, num_q_tokens: int, max_kv_read: int, use_de
 
 def wide(io) -> bool:
     """Whether this IO's step reads the cache's whole KV width (padded so under the knob)."""
-    return on() and io.max_kv_read > 0 and io.max_kv_read >= io.cache.max_tokens_read
+    return bool(on()) and 0 < io.max_kv_read and io.max_kv_read >= io.cache.max_tokens_read
 
 
 def longest_key(io) -> None:
