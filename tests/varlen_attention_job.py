@@ -200,6 +200,11 @@ def batching_run(model_dir: str, text: str, lengths: tuple, new_tokens: int):
     return model, prompts, config, ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
 
 
+def same_bits(a: list, b: list) -> bool:
+    """Two runs' recorded attention outputs: as many, each pair the same bits."""
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def cache_read(model_dir: str) -> dict:
     """0750: the tiny model's greedy replies to prompts of 20 to 400 tokens through the batching
     loop, steps of at most 256 tokens (the long prompt in chunks after its cached keys, beside
@@ -229,8 +234,7 @@ def cache_read(model_dir: str) -> dict:
     a, b = runs[False], runs[True]
     return {"calls": len(b["outputs"]), "indexed_calls": b["indexed"], "gather_run_indexed": a["indexed"],
             "same_calls": len(a["outputs"]) == len(b["outputs"]),
-            "equal_bits": len(a["outputs"]) == len(b["outputs"])
-            and all(torch.equal(x, y) for x, y in zip(a["outputs"], b["outputs"])),
+            "equal_bits": same_bits(a["outputs"], b["outputs"]),
             "replies_equal": a["replies"] == b["replies"], "reply_lengths": [len(r) for r in b["replies"]],
             "prompt_lengths": [len(p) for p in prompts]}
 
@@ -289,10 +293,10 @@ def decode_graphs(model_dir: str) -> dict:
             "reply_lengths": [len(r) for r in base["replies"]],
             **{f"level{level}": {"steps": run["steps"], "wide_steps": run["wide_steps"],
                                   "keys": [list(k) for k in run["keys"]],
-                                  "equal_bits": len(run["outputs"]) == len(base["outputs"])
-                                  and all(torch.equal(x, y) for x, y in zip(run["outputs"], base["outputs"])),
+                                  "equal_bits": same_bits(run["outputs"], base["outputs"]),
                                   "replies_equal": run["replies"] == base["replies"]}
                for level, run in runs.items()}}
+
 
 def tiny_replies(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig

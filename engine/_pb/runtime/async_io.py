@@ -35,7 +35,7 @@ def transfer_used(host, device, non_blocking: bool) -> bool:
     q, kv = host.num_q_tokens, host.max_kv_read
     device.write_index_storage[:, :q].copy_(host.write_index_storage[:, :q], non_blocking=non_blocking)
     if kv > 0:
-        n = decode_graphs.copied(host, q + kv)  # 0930: a decode step's own indices, not its padded width
+        n = decode_graphs.copied(host, q + kv)  # 0930: a wide step's own indices, not its padded width
         device.read_index_storage[:, :n].copy_(host.read_index_storage[:, :n], non_blocking=non_blocking)
     if host.attention_mask is not None and device.attention_mask is not None:
         host._pb_mask_on_device = True  # from now on the host side skips building its own
