@@ -301,6 +301,38 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
         varlen_attention.restore()
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["0400", "0740"])
+@pytest.mark.parametrize("seqs", [[(700, 1)] * 128, [(5, 20)] * 24 + [(900, 1)] * 40 + [(0, 300)],
+                                  [(0, 8192)], [(3000, 1)] * 16 + [(2000, 2048)]])
+def test_attn_grid_gives_the_same_bits(seqs, split):
+    """0940: the step's attention with the launches sized to the step (the prompt kernel's programs
+    taking the blocks in turn, a program a row and KV head merging the parts) against 0370 / 0740's
+    launches, the keys read from shuffled pages (0750) and replayed in a CUDA graph: the same bits.
+    The second step has 27 query blocks and the sized grid 11 programs a head."""
+    from transformers._pb.ops import varlen_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
+    index, total = paged_index(seqs, gen)
+    cache_k = torch.zeros((total, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+    cache_v = torch.zeros_like(cache_k)
+    cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+    paged = [c.transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
+    cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    outs = {}
+    try:
+        for grid in (False, True):
+            varlen_attention.ENABLED, varlen_attention.FAST, varlen_attention.SPLIT = True, True, split
+            varlen_attention.GRID = grid
+            outs[grid] = varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t, index)
+            outs[grid, "graph"] = in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t,
+                                                                            cu_k_t, index))
+    finally:
+        varlen_attention.restore()
+    assert torch.equal(outs[True], outs[False])
+    assert torch.equal(outs[True, "graph"], outs[False])
+
+
 def fp8_paged(seqs, k, v, gen):
     """0830: keys and values [tokens, KV heads, dim] written to 8-bit caches (0830's rows, in the
     format kv_fp8.FORMAT names) at paged_index's rows: (read index, [(rows, scales)] for keys and

@@ -130,6 +130,16 @@ def test_a_drafted_steps_rows_attended_as_decode_rows_equal_the_serial_steps(on)
         assert got["as_prompt_chunk_equal_bits"] is False
 
 
+def test_attn_grid_takes_a_steps_blocks_in_turn_and_merges_a_kv_heads_rows_with_the_same_bits(on):
+    # 0940: a step of 11 prompts (one of three blocks) among 9 decode rows and two padding sequences
+    # has more query blocks than the sized grid's programs a head, so programs take several; a step
+    # of decode rows alone (0740's parts merged a KV head at a time where split); 8 random steps
+    got = on["attn_grid"]
+    assert got["steps"] == 10 and got["mixed_blocks"] > got["mixed_programs"], got
+    assert got["equal_bits"] == [True] * 10, got
+    assert got["mixed_max_abs_diff"] < 1e-5, got
+
+
 def test_knob_off_keeps_upstreams_path(patched_engine):
     code = ("from transformers._pb.ops import varlen_attention as v; v.at_load(); "
             "import torch; print(v.ENABLED, v.forward(None, torch.zeros(1, 2, 3, 16), torch.zeros(1, 1, 3, 16), "

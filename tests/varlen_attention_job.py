@@ -147,6 +147,36 @@ def split_decode() -> dict:
     return report
 
 
+def attn_grid() -> dict:
+    """0940: steps run with the launches sized to the step (varlen_attention.GRID) against 0370's
+    and 0740's launches: a step of many short prompts (more query blocks than the prompt kernel's
+    programs, so programs take several in turn) among decode rows, with padding sequences of no
+    tokens as the batching loop pads them; a step of decode rows alone (one part to many); random
+    steps. Every output the same bits, and the many-prompt step upstream's result."""
+    rng, gen = random.Random(7), torch.Generator().manual_seed(7)
+    prompts = [(rng.choice([0, rng.randint(1, 200)]), rng.randint(2, 60)) for _ in range(10)] + [(40, 300)]
+    rows = [(rng.randint(0, 1300), 1) for _ in range(9)]
+    mixed = prompts[:5] + rows[:4] + prompts[5:] + rows[4:] + [(0, 0), (0, 0)]
+    decode = [(rng.choice([rng.randint(0, 120), rng.randint(500, 2900)]), 1) for _ in range(12)] + [(0, 0)]
+    steps = [step(mixed, 3, 4, gen), step(decode, 1, 2, gen)]
+    for _ in range(8):
+        seqs = [(rng.choice([0, 0, rng.randint(1, 150)]), rng.choice([1, 1, rng.randint(1, 90)]))
+                for _ in range(rng.randint(1, 6))]
+        steps.append(step(seqs, rng.randint(0, 5), rng.randint(0, 7), gen))
+    outs = {}
+    for grid in (False, True):
+        varlen_attention.GRID = grid
+        outs[grid] = [kernel(*s) for s in steps]
+    varlen_attention.GRID = False
+    q, k, v, cu_q, cu_k = steps[0]
+    blocks = sum(-(-n // varlen_attention.BLOCK_M) for _, n in mixed if n > 1)
+    real = cu_q[-1]
+    return {"steps": len(steps), "mixed_blocks": blocks,
+            "mixed_programs": -(-q.shape[2] // varlen_attention.BLOCK_M) + varlen_attention.GRID_EXTRA,
+            "equal_bits": [bool(torch.equal(a, b)) for a, b in zip(outs[False], outs[True])],
+            "mixed_max_abs_diff": (outs[True][0][:, :real] - reference(q, k, v, cu_q, cu_k)[:, :real]).abs().max().item()}
+
+
 def verify_rows(past: int = 700, drafts: int = 4) -> dict:
     """What drafted == serial needs of attention: a sequence's last token and `drafts` guesses
     after it, attended in one step as one decode row each over its own prefix of the keys (the
@@ -333,7 +363,7 @@ report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
           "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
           "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch(),
           "split_on": varlen_attention.SPLIT, "read_cache_on": varlen_attention.READ_CACHE,
-          "verify_rows": verify_rows()}
+          "verify_rows": verify_rows(), "attn_grid": attn_grid()}
 if varlen_attention.SPLIT:
     report["split"] = split_decode()
 if len(sys.argv) > 1:

@@ -51,6 +51,12 @@ elements to float16 and apply a key's scale to its scores and a value's to its w
 within a rounding of the bfloat16 kernels over the dequantized cache, not their bits. The prompt blocks read the keys of their
 sequences dequantized by a gather first (kv_fp8.gather_prompts), which gives those bits; converting
 every element of their 128 x 128 blocks in the kernel made them 1.6-2.3 times slower on an H100.
+
+PB_ATTN_GRID (0940) sizes two launches to the step: the prompt kernel's programs, one a head for
+each BLOCK_M of the tokens plus GRID_EXTRA, take the step's query blocks in turn instead of one a
+block the step might hold (at a step of decode rows alone every such program found nothing), and
+0740's merge runs a program a decode row and KV head in place of one a query head. The same
+blocks and merges by the same code: the same bits.
 """
 
 import functools
@@ -71,6 +77,8 @@ SPLIT = False  # set by at_load: PB_SPLIT_DECODE (0740) on as well
 READ_CACHE = False  # set by at_load: PB_CACHE_READ (0750) on as well
 PART_BLOCKS, MAX_PARTS = 4, 64  # 0740: key blocks a decode row's part takes (about); parts a row at most (a power of 2)
 PROGRAMS_PER_SM = 8  # 0740: the decode parts' programs, over the KV heads (any count gives the same bits)
+GRID = False  # set by at_load: PB_ATTN_GRID (0940) on as well
+GRID_EXTRA = 4  # 0940: the prompt kernel's programs a head past one a BLOCK_M of the step's query tokens
 
 
 def on() -> bool:
@@ -179,11 +187,11 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
         prompt_index = cu_k
         prompt_strides = strides[:2] + tuple(t.stride(d) for t in prompt_kv for d in (2, 1)) + strides[6:]
     descriptors = _descriptors(*prompt_kv) if fast else None
-    kernel.pb_varlen_attention[(heads, -(-tokens // BLOCK_M) + sequences)](
+    kernel.pb_varlen_attention[(heads, prompt_programs(tokens, sequences))](
         query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, block_end, sequences, scale,
         *prompt_strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
-        INDEXED=indexed and not fp8, num_warps=WARPS)
+        INDEXED=indexed and not fp8, TURNS=GRID, num_warps=WARPS)
     # sequences of one query token (decode): one program a KV head reads its keys once for its query heads
     if SPLIT:
         keys = index.numel() if indexed else key.shape[2]
@@ -194,6 +202,19 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
             query, key, value, out, *scaled, index, cu_q, cu_k, scale, *strides, GROUPS=groups, HEAD_DIM=dim,
             BLOCK_H=max(16, pow2(groups)), BLOCK_N=BLOCK_N, INDEXED=indexed, KV_FP8=fp8, num_warps=4)
     return out
+
+
+def prompt_programs(tokens: int, sequences: int) -> int:
+    """The prompt kernel's programs a head. A step's query blocks number at most one a BLOCK_M of
+    its tokens plus one a sequence (each sequence's last block may be partial), so 0370 launches
+    that many, and at a step of decode rows alone (none) every one of them starts, finds no block
+    and ends: at 128 streams 96 x 129 programs a layer, each holding an SM's worth of shared memory
+    while it looks (about 0.15 ms a layer on an H100, W74). With PB_ATTN_GRID (0940) the grid is one
+    a BLOCK_M of the tokens plus GRID_EXTRA, and its programs take the step's blocks in turn (the
+    kernel's TURNS): a block's rows get the same bits whichever program computes them."""
+    if GRID:
+        return -(-tokens // BLOCK_M) + min(sequences, GRID_EXTRA)
+    return -(-tokens // BLOCK_M) + sequences
 
 
 @functools.cache
@@ -226,18 +247,20 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
     kernel.pb_varlen_attention_decode_parts[(kv_heads, programs)](
         query, key, value, acc, ml, *scaled, index, cu_q, cu_k, sequences, scale, *strides[:6], PROGRAMS=programs,
         INDEXED=indexed, KV_FP8=fp8, **sizes, num_warps=4)
-    kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads * groups)](
-        out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, num_warps=4)
+    # 0940: a program a row and KV head merges its query heads in turn, instead of a program each
+    kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads if GRID else kv_heads * groups)](
+        out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, ALL_GROUPS=GRID, num_warps=4)
 
 
 def at_load() -> None:
     """The model-load hook: with the knob on, paged sdpa steps attend through the kernel."""
-    global ENABLED, FAST, SPLIT, READ_CACHE
+    global ENABLED, FAST, SPLIT, READ_CACHE, GRID
     knob = on()
     ENABLED = knob and TRITON
     FAST = ENABLED and bool(knobs.get("PB_VARLEN_FAST"))
     SPLIT = ENABLED and bool(knobs.get("PB_SPLIT_DECODE"))
     READ_CACHE = ENABLED and bool(knobs.get("PB_CACHE_READ"))
+    GRID = ENABLED and bool(knobs.get("PB_ATTN_GRID"))
     if knob:
         sys.stderr.write("patchbay: PB_VARLEN_ATTENTION: paged attention steps run one Triton kernel per "
                          "sequence's own keys\n")
@@ -250,9 +273,12 @@ def at_load() -> None:
     if READ_CACHE:
         sys.stderr.write("patchbay: PB_CACHE_READ: attention reads cached keys and values from their pages, "
                          "without gathering them first\n")
+    if GRID:
+        sys.stderr.write("patchbay: PB_ATTN_GRID: the prompt kernel's grid follows the step's tokens, its programs "
+                         "taking the blocks in turn; a decode row's parts are merged a KV head at a time\n")
 
 
 def restore() -> None:
     """Upstream's attention again (for in-process A/Bs and tests)."""
-    global ENABLED, FAST, SPLIT, READ_CACHE
-    ENABLED = FAST = SPLIT = READ_CACHE = False
+    global ENABLED, FAST, SPLIT, READ_CACHE, GRID
+    ENABLED = FAST = SPLIT = READ_CACHE = GRID = False

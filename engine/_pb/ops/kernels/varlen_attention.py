@@ -159,17 +159,12 @@ def attend(q, k_ptr, v_ptr, k_desc, v_desc, ks_ptr, vs_ptr, stride_st, idx_ptr, 
 
 
 @triton.jit
-def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr,
-                        sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                        stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
-    """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
-    of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
-    head of the step's last block first, so the blocks with the most keys start early and the
-    query heads sharing a KV head run side by side (their keys stay in cache). FAST (0400): keys and
-    values through the TMA descriptors k_desc, v_desc (otherwise unused)."""
-    head = tl.program_id(0)
-    pid = tl.num_programs(1) - 1 - tl.program_id(1)
+def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr, head,
+                 sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                 stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
+    """The step's query block number `pid` (blocks numbered over the sequences in order) for one
+    head; nothing where the step has fewer blocks."""
     # the sequence this query block belongs to: how many sequences' blocks end at or before it,
     # counted SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2)
     seq = tl.zeros((), dtype=tl.int32)
@@ -197,6 +192,33 @@ def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, c
                      BLOCK_M, HEAD_DIM, BLOCK_N, FAST, INDEXED, False)
         tl.store(out_ptr + q_rows * stride_ot + head.to(tl.int64) * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr,
+                        sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                        stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr,
+                        TURNS: tl.constexpr = False):
+    """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
+    of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
+    head of the step's last block first, so the blocks with the most keys start early and the
+    query heads sharing a KV head run side by side (their keys stay in cache). FAST (0400): keys and
+    values through the TMA descriptors k_desc, v_desc (otherwise unused). TURNS (0940): the grid's
+    second side is smaller than the step's blocks may be; its programs take the step's blocks
+    (their count read from block_end) in turn, in the same reverse order, each block as above."""
+    head = tl.program_id(0)
+    if TURNS:
+        total = tl.load(block_end_ptr + sequences - 1)
+        for turn in range(tl.program_id(1), total, tl.num_programs(1)):
+            prompt_block(total - 1 - turn, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr,
+                         block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                         stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST, INDEXED)
+    else:
+        prompt_block(tl.num_programs(1) - 1 - tl.program_id(1), q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr,
+                     cu_q_ptr, cu_k_ptr, block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt,
+                     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2,
+                     FAST, INDEXED)
 
 
 @triton.jit
@@ -323,19 +345,41 @@ def pb_varlen_attention_decode_parts(q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, ks_pt
 
 
 @triton.jit
+def merge_parts(out_ptr, acc_ptr, ml_ptr, out_row, first_part, parts, kv_heads, kv_head, group, stride_oh,
+                GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, MAX_PARTS: tl.constexpr):
+    """One query head of one decode row: its parts (numbered from first_part) merged into its output
+    row out_row (already offset to the row): the largest maximum M, each part's weight
+    exp2(m - M), then the weighted sums over MAX_PARTS slots (parts past the row's weigh 0) in the
+    reduction's fixed order."""
+    index = tl.arange(0, MAX_PARTS)
+    used = index < parts
+    slots = ((first_part + index) * kv_heads + kv_head).to(tl.int64)
+    m = tl.load(ml_ptr + slots * 2 * BLOCK_H + group, mask=used, other=float("-inf"))
+    l_part = tl.load(ml_ptr + slots * 2 * BLOCK_H + BLOCK_H + group, mask=used, other=0.0)
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.load(acc_ptr + (slots[:, None] * BLOCK_H + group) * HEAD_DIM + dims[None, :], mask=used[:, None],
+                  other=0.0)
+    top = tl.max(m, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.where(used, tl.exp2(m - top), 0.0)
+    total = tl.sum(l_part * weight, axis=0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    head = (kv_head * GROUPS + group).to(tl.int64)
+    tl.store(out_ptr + out_row + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def pb_varlen_attention_decode_combine(out_ptr, acc_ptr, ml_ptr, cu_q_ptr, cu_k_ptr, sequences, stride_ot, stride_oh,
                                        GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                                        BLOCK_N: tl.constexpr, PART_BLOCKS: tl.constexpr, MAX_PARTS: tl.constexpr,
-                                       SEQ_CHUNK: tl.constexpr):
-    """PB_SPLIT_DECODE (0740): one program a decode row and query head merges the row's parts into
-    its output, all parts at once: the largest maximum M, each part's weight exp2(m - M), then the
-    weighted sums over MAX_PARTS slots (parts past the row's weigh 0) in the reduction's fixed order.
-    A row of one part gets 0370's bits: its sums are scaled by exactly 1 and added to zeros."""
+                                       SEQ_CHUNK: tl.constexpr, ALL_GROUPS: tl.constexpr = False):
+    """PB_SPLIT_DECODE (0740): one program a decode row and query head (grid (sequences, query
+    heads)) merges the row's parts into its output, all parts at once (merge_parts). ALL_GROUPS
+    (0940): one program a decode row and KV head (grid (sequences, KV heads)) merges them for each
+    of the KV head's query heads in turn, by the same code: the same bits, with the row's first part
+    found once. A row of one part gets 0370's bits: its sums are scaled by exactly 1 and added to
+    zeros."""
     seq = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_heads = tl.num_programs(1) // GROUPS
-    kv_head = head // GROUPS
-    group = head % GROUPS
     parts, per_part = decode_parts(cu_q_ptr, cu_k_ptr, seq, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
     if parts > 0:
         first_part = tl.zeros((), dtype=tl.int32)
@@ -343,18 +387,13 @@ def pb_varlen_attention_decode_combine(out_ptr, acc_ptr, ml_ptr, cu_q_ptr, cu_k_
             ids = first + tl.arange(0, SEQ_CHUNK)
             counts, sizes = decode_parts(cu_q_ptr, cu_k_ptr, ids, sequences, BLOCK_N, PART_BLOCKS, MAX_PARTS)
             first_part += tl.sum(tl.where(ids < seq, counts, 0), axis=0)
-        index = tl.arange(0, MAX_PARTS)
-        used = index < parts
-        slots = ((first_part + index) * kv_heads + kv_head).to(tl.int64)
-        m = tl.load(ml_ptr + slots * 2 * BLOCK_H + group, mask=used, other=float("-inf"))
-        l_part = tl.load(ml_ptr + slots * 2 * BLOCK_H + BLOCK_H + group, mask=used, other=0.0)
-        dims = tl.arange(0, HEAD_DIM)
-        acc = tl.load(acc_ptr + (slots[:, None] * BLOCK_H + group) * HEAD_DIM + dims[None, :], mask=used[:, None],
-                      other=0.0)
-        top = tl.max(m, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        weight = tl.where(used, tl.exp2(m - top), 0.0)
-        total = tl.sum(l_part * weight, axis=0)
-        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-        q_row = tl.load(cu_q_ptr + seq).to(tl.int64)
-        tl.store(out_ptr + q_row * stride_ot + head.to(tl.int64) * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+        out_row = tl.load(cu_q_ptr + seq).to(tl.int64) * stride_ot
+        if ALL_GROUPS:
+            kv_head = tl.program_id(1)
+            for group in range(0, GROUPS):
+                merge_parts(out_ptr, acc_ptr, ml_ptr, out_row, first_part, parts, tl.num_programs(1), kv_head, group,
+                            stride_oh, GROUPS, HEAD_DIM, BLOCK_H, MAX_PARTS)
+        else:
+            head = tl.program_id(1)
+            merge_parts(out_ptr, acc_ptr, ml_ptr, out_row, first_part, parts, tl.num_programs(1) // GROUPS,
+                        head // GROUPS, head % GROUPS, stride_oh, GROUPS, HEAD_DIM, BLOCK_H, MAX_PARTS)
