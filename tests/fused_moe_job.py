@@ -93,28 +93,30 @@ with torch.no_grad():
     report["other_layout_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(gelu, x, index, weights),
                                                        grouped_mm_experts_forward(gelu, x, index, weights))
 
-# The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs) equals the torch ops,
-# bit for bit, and never needs more blocks than the shape-only bound.
+# The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs in one pass, up to
+# ALIGN_CHUNK_PAIRS in chunks) equals the torch ops, bit for bit, and never needs more blocks than
+# the shape-only bound; chunks also in 0390's 128-row blocks.
 report["align"] = []
-for tokens, experts, top_k in [(1, 128, 8), (3, 8, 2), (8, 128, 8), (17, 8, 3), (32, 128, 8), (5, 4, 2),
-                               (40, 16, 4), (1, 4, 4)]:
+for tokens, experts, top_k, block_m in [(1, 128, 8, 16), (3, 8, 2, 16), (8, 128, 8, 16), (17, 8, 3, 16),
+                                        (32, 128, 8, 16), (5, 4, 2, 16), (40, 16, 4, 16), (1, 4, 4, 16),
+                                        (40, 128, 8, 16), (129, 128, 8, 16), (70, 16, 4, 16), (300, 128, 8, 128)]:
     index = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
     if tokens > 2:
         index[1, 0] = experts  # masked
         index[2, 1] = -1  # masked the other way
-    rows, blocks = fused_moe.align(index, experts)
-    rows_t, blocks_t = fused_moe.align_torch(index, experts)
+    rows, blocks = fused_moe.align(index, experts, block_m)
+    rows_t, blocks_t = fused_moe.align_torch(index, experts, block_m)
     stable_launch.STABLE = True  # 0450: one launch at the largest size, masked to the step
-    rows_s, blocks_s = fused_moe.align(index, experts)
+    rows_s, blocks_s = fused_moe.align(index, experts, block_m)
     stable_launch.STABLE = False
     kept = index.reshape(-1)
     kept = kept[(kept >= 0) & (kept < experts)]
     used = int((blocks >= 0).sum())
-    needed = int(sum((c + fused_moe.BLOCK_M - 1) // fused_moe.BLOCK_M for c in torch.bincount(kept).tolist()))
+    needed = int(sum((c + block_m - 1) // block_m for c in torch.bincount(kept).tolist()))
     placed = sorted(r for r in rows.tolist() if r < tokens * top_k)
-    report["align"].append({"shape": [tokens, experts, top_k], "equal": torch.equal(rows, rows_t)
+    report["align"].append({"shape": [tokens, experts, top_k, block_m], "equal": torch.equal(rows, rows_t)
                             and torch.equal(blocks, blocks_t), "used": used, "needed": needed,
-                            "bound": blocks.numel() == fused_moe.max_blocks(tokens * top_k, experts),
+                            "bound": blocks.numel() == fused_moe.max_blocks(tokens * top_k, experts, block_m),
                             "placed_once": placed == sorted(set(placed)) and len(placed) == kept.numel(),
                             "stable_equal": torch.equal(rows, rows_s) and torch.equal(blocks, blocks_s)})
 

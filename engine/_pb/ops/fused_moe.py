@@ -13,8 +13,8 @@ BLOCK_M rows chose it), rows of other experts never touch them, and experts nobo
 cost nothing. The pair outputs are summed per token in a fixed order (no atomics), so a
 token's result does not depend on which other tokens share the step.
 
-The sort into blocks is one Triton program (`align`) for up to ALIGN_MAX_PAIRS pairs, torch
-ops above that; both are sized by the step's shape alone (no host sync), so the whole
+The sort into blocks is one Triton program (`align`) for up to ALIGN_CHUNK_PAIRS pairs (in one
+pass up to ALIGN_MAX_PAIRS, in chunks of that above), torch ops above that; both are sized by the step's shape alone (no host sync), so the whole
 forward can sit in a CUDA graph. The number of blocks is bounded by the shape: at most
 pairs // BLOCK_M + min(experts, pairs). Steps of more than FUSED_MAX_PAIRS pairs (prefill),
 devices Triton cannot drive and expert layouts the kernels do not compute (biases, transposed
@@ -33,7 +33,8 @@ from .common import INTERPRET, dot_precision, fp8_depth, kernels, pow2
 
 NAME = "pb_triton"
 BLOCK_M = 16
-ALIGN_MAX_PAIRS = 256
+ALIGN_MAX_PAIRS = 256  # `align` sorts up to this many pairs in one pass of one program ...
+ALIGN_CHUNK_PAIRS = 4096  # ... up to this many in chunks of ALIGN_MAX_PAIRS (one program), then torch ops
 
 
 class Tiles(NamedTuple):
@@ -54,6 +55,7 @@ class Tiles(NamedTuple):
 FUSED_MAX_PAIRS = 512
 DECODE_TILES = (Tiles(32, 128, 4, 4), Tiles(32, 128, 4, 4))
 TILES_OVERRIDE = None  # (gate_up, down): the tile sweep only, which runs the fused kernels at any size
+DECODE_TMA = False  # the tile sweep only: decode launches read the weights through 0430's TMA descriptors too
 
 
 def on() -> bool:
@@ -78,11 +80,16 @@ def align(top_k_index: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     [0, num_experts) (masked) are left out."""
     flat = top_k_index.reshape(-1)
     n_pairs = flat.numel()
-    if n_pairs > ALIGN_MAX_PAIRS:
+    if n_pairs > ALIGN_CHUNK_PAIRS:
         return align_torch(top_k_index, num_experts, block_m)
     blocks = max_blocks(n_pairs, num_experts, block_m)
     rows = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
+    if n_pairs > ALIGN_MAX_PAIRS:  # a decode step of many streams (0910's, 0390's small large steps)
+        kernels("fused_moe").pb_moe_align_chunks[(1,)](flat.contiguous(), rows, block_expert, n_pairs, num_experts,
+                                                       blocks, C=ALIGN_MAX_PAIRS, E=pow2(num_experts), BM=block_m,
+                                                       num_warps=8)
+        return rows, block_expert
     if stable_launch.STABLE:  # 0450: three sizes of launch (64, 128 or 256 pairs), masked to the step's pairs
         p2 = max(64, pow2(n_pairs))
         b2 = pow2(max_blocks(p2, num_experts, block_m))
@@ -186,7 +193,7 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         # shared memory than a Hopper has (W54). Fewer loads in flight, the same sums.
         t_gu, t_d = (t._replace(stages=min(t.stages, 2)) for t in (t_gu, t_d))
     descriptors = None
-    if large and moe_one_path.TMA and fp8 is None:  # 0430: the experts' weights through TMA
+    if (moe_one_path.TMA if large else DECODE_TMA) and fp8 is None:  # 0430: the experts' weights through TMA
         descriptors = moe_one_path.weight_descriptors(w_gu, w_d, (t_gu.bn, t_gu.bk), (t_d.bn, t_d.bk))
     rows, block_expert = align(top_k_index, num_experts, block_m)
     n_pairs = tokens * top_k

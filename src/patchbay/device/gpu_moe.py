@@ -10,7 +10,8 @@ Without --graphs each forward is launched eagerly (launch overhead included, as 
 With --graphs each forward is captured once in a CUDA graph and the graph is replayed, as the
 serving engine runs a decode step: what is left is the kernels' own time. --tiles sweeps the
 fused kernels' launch shapes, each SPEC `BNxBKwWARPSsSTAGES/BNxBKwWARPSsSTAGES` (gate_up/down),
-e.g. `16x256w4s4/32x128w4s4`; `shipped` is DECODE_TILES (and grouped_mm above FUSED_MAX_PAIRS).
+e.g. `16x256w4s4/32x128w4s4`, with `+tma` the weights read through 0430's TMA descriptors
+(`32x64w4s4/32x64w4s4+tma`); `shipped` is DECODE_TILES (and grouped_mm above FUSED_MAX_PAIRS).
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ _SPEC = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)")
 
 
 def parse_tiles(text: str):
-    """`16x256w4s4/32x128w4s4` -> (Tiles, Tiles); `shipped` -> None (what the engine runs)."""
+    """`16x256w4s4/32x128w4s4` -> ((Tiles, Tiles), False); a `+tma` suffix -> True (the decode
+    launch reads the weights through 0430's TMA descriptors); `shipped` -> (None, False) (what the
+    engine runs)."""
     from transformers._pb.ops.fused_moe import Tiles
 
     if text == "shipped":
-        return None
-    halves = text.split("/")
+        return None, False
+    spec, tma = (text[:-4], True) if text.endswith("+tma") else (text, False)
+    halves = spec.split("/")
     if len(halves) != 2 or not all(_SPEC.fullmatch(h) for h in halves):
-        raise SystemExit(f"--tiles {text!r}: expected BNxBKwWARPSsSTAGES/BNxBKwWARPSsSTAGES or shipped")
-    return tuple(Tiles(*map(int, _SPEC.fullmatch(h).groups())) for h in halves)
+        raise SystemExit(f"--tiles {text!r}: expected BNxBKwWARPSsSTAGES/BNxBKwWARPSsSTAGES[+tma] or shipped")
+    return tuple(Tiles(*map(int, _SPEC.fullmatch(h).groups())) for h in halves), tma
 
 
 def _time(fn, iters: int, graphs: bool) -> float:
@@ -129,8 +133,8 @@ def main(argv: list[str]) -> int:
     fused_moe.register()
     experts, top_k = config.n_routed_experts, config.num_experts_per_tok
     per_expert_bytes = (module.gate_up_proj[0].numel() + module.down_proj[0].numel()) * 2
-    arms = [(impl, impl, None) for impl in args.impls.split(",") if impl]
-    arms += [(f"{fused_moe.NAME}:{spec}", fused_moe.NAME, tiles) for spec, tiles in sweep.items()]
+    arms = [(impl, impl, (None, False)) for impl in args.impls.split(",") if impl]
+    arms += [(f"{fused_moe.NAME}:{spec}", fused_moe.NAME, parsed) for spec, parsed in sweep.items()]
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
         x = torch.randn(tokens, config.hidden_size, device="cuda", dtype=torch.bfloat16)
@@ -142,9 +146,9 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             module.config._experts_implementation = "eager"
             reference = module(x, index, weights).float()
-            for label, impl, tiles in arms:
+            for label, impl, (tiles, tma) in arms:
                 module.config._experts_implementation = impl
-                fused_moe.TILES_OVERRIDE = tiles
+                fused_moe.TILES_OVERRIDE, fused_moe.DECODE_TMA = tiles, tma
                 try:
                     y = module(x, index, weights)
                     seconds = _time(lambda: module(x, index, weights), args.iters, args.graphs)
@@ -153,9 +157,9 @@ def main(argv: list[str]) -> int:
                 except Exception as e:  # an implementation that cannot run this shape is recorded, not fatal
                     results[label] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                 finally:
-                    fused_moe.TILES_OVERRIDE = None
+                    fused_moe.TILES_OVERRIDE, fused_moe.DECODE_TMA = None, False
             n_pairs = tokens * top_k
-            if n_pairs <= fused_moe.ALIGN_MAX_PAIRS:  # the sort into blocks alone: one program vs torch ops
+            if n_pairs <= fused_moe.ALIGN_CHUNK_PAIRS:  # the sort into blocks alone: one program vs torch ops
                 try:
                     same = all(torch.equal(a, b) for a, b in zip(fused_moe.align(index, experts),
                                                                  fused_moe.align_torch(index, experts)))
