@@ -55,8 +55,10 @@ every element of their 128 x 128 blocks in the kernel made them 1.6-2.3 times sl
 PB_ATTN_GRID (0940) sizes two launches to the step: the prompt kernel's programs, one a head for
 each BLOCK_M of the tokens plus GRID_EXTRA, take the step's query blocks in turn instead of one a
 block the step might hold (at a step of decode rows alone every such program found nothing), and
-0740's merge runs a program a decode row and KV head in place of one a query head. The same
-blocks and merges by the same code: the same bits.
+where a program a decode row and KV head fills the GPU (rows x KV heads at least its SMs), 0740's
+merge runs one such program, merging the query heads in turn, in place of one a query head (with
+fewer rows the merges run side by side as before). The same blocks and merges by the same code:
+the same bits.
 """
 
 import functools
@@ -247,9 +249,10 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
     kernel.pb_varlen_attention_decode_parts[(kv_heads, programs)](
         query, key, value, acc, ml, *scaled, index, cu_q, cu_k, sequences, scale, *strides[:6], PROGRAMS=programs,
         INDEXED=indexed, KV_FP8=fp8, **sizes, num_warps=4)
-    # 0940: a program a row and KV head merges its query heads in turn, instead of a program each
-    kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads if GRID else kv_heads * groups)](
-        out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, ALL_GROUPS=GRID, num_warps=4)
+    # 0940: where a program a row and KV head fills the GPU, it merges its query heads in turn
+    together = GRID and (query.device.type != "cuda" or sequences * kv_heads >= _sm_count(query.device))
+    kernel.pb_varlen_attention_decode_combine[(sequences, kv_heads if together else kv_heads * groups)](
+        out, acc, ml, cu_q, cu_k, sequences, *strides[6:], **sizes, ALL_GROUPS=together, num_warps=4)
 
 
 def at_load() -> None:
