@@ -3,7 +3,9 @@ tiles overridden one configuration at a time, bits against the engine's own choi
 
 - gemm: 0380's invariant GEMM (invariant_gemm.gemm) on every dense product of a layer, TP=1 and
   TP=2 shards, at --rows rows; the pointer path's tile (invariant_gemm.tiles) or, with --tma,
-  0410's TMA tile (tma_tiles); cuBLAS (F.linear) timed beside it. W13 tune4, W14 tune6.
+  0410's TMA tile (tma_tiles); cuBLAS (F.linear) timed beside it. W13 tune4, W14 tune6. At decode
+  sizes (up to CHUNK_MAX_ROWS rows) each is timed in CUDA graph replays over copies of the weight
+  past L2 (sweep.graph_ms), as a decode step runs it; above, between events.
 - moe: 0390's large-step MoE kernels (fused_moe.experts_forward with moe_one_path on) on a
   --tokens-token step, each kernel's tile in turn against the engine's other, pointer and TMA
   weight reads (0430). W14 tune7.
@@ -62,21 +64,24 @@ def gemm(args, command: str) -> sweep.Results:
             w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16()
             bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).bfloat16() if has_bias else None
             x = torch.randn((args.rows, k), generator=gen, device="cuda").bfloat16()
+            # decode sizes: graph replays over copies of the weight, so each call reads it from HBM
+            decode = args.rows <= ig.CHUNK_MAX_ROWS
+            weights = [w] + [w.clone() for _ in range(sweep.copies_for(w.numel() * 2) - 1)] if decode else [w]
             with overridden(ig, TMA=args.tma):
                 ref = ig.gemm(x, w.t(), bias)
                 chunked = -(-k // ig.chunk_k(n, k)) > 1
                 own = ig.tma_tiles(args.rows, n, chunked) if args.tma else ig.tiles(args.rows, x.dtype, chunked)
 
-                def run(tile, _i):
+                def run(tile, i):
                     fixed = (lambda m, n_, c: tile) if args.tma else (lambda m, dtype, c: tile)
                     with overridden(ig, **{path: fixed}):
-                        return ig.gemm(x, w.t(), bias)
+                        return ig.gemm(x, weights[i % len(weights)].t(), bias)
 
-                rows = sweep.sweep(run, tiles, ref, "events")
-            cublas = sweep.timer("events")(lambda _i: F.linear(x, w, bias))
+                rows = sweep.sweep(run, tiles, ref, "graph" if decode else "events")
+            cublas = sweep.timer("graph" if decode else "events")(lambda i: F.linear(x, weights[i % len(weights)], bias))
             results.add({"tp": tp, "gemm": name, "n": n, "k": k, "chunked": chunked}, rows,
                         engine_tile=list(own) if own else None, cublas_ms=round(cublas, 5))
-            del w, x, bias
+            del w, x, bias, weights
     return results
 
 
