@@ -117,9 +117,10 @@ attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*b
             "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
             "stride_ot": "i32", "stride_oh": "i32", "GROUPS": "constexpr", "HEAD_DIM": "constexpr",
             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr", "FAST": "constexpr",
-            "INDEXED": "constexpr"}
+            "INDEXED": "constexpr", "TURNS": "constexpr"}
 report["varlen_attention_prompt"] = compile_for_sm90(
     attention_kernels.pb_varlen_attention, attn_sig,
-    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False, "INDEXED": False},
+    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False, "INDEXED": False,
+     "TURNS": False},
     pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
 print(json.dumps(report))
