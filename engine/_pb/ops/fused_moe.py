@@ -13,14 +13,14 @@ BLOCK_M rows chose it), rows of other experts never touch them, and experts nobo
 cost nothing. The pair outputs are summed per token in a fixed order (no atomics), so a
 token's result does not depend on which other tokens share the step.
 
-The sort into blocks (`align`) is one Triton program for up to ALIGN_MAX_PAIRS pairs, two
-launches of a program a chunk of pairs up to ALIGN_CHUNK_PAIRS, torch ops above that; all are
-sized by the step's shape alone (no host sync), so the whole
-forward can sit in a CUDA graph. The number of blocks is bounded by the shape: at most
-pairs // BLOCK_M + min(experts, pairs). Steps of more than FUSED_MAX_PAIRS pairs (prefill),
-devices Triton cannot drive and expert layouts the kernels do not compute (biases, transposed
-or interleaved weights, another activation) are left to upstream's grouped_mm. Under tensor
-parallelism each rank runs its shard of every expert (the widths come from the weights).
+The sort into blocks is one Triton program (`align`) for up to ALIGN_CHUNK_PAIRS pairs (in one
+pass up to ALIGN_MAX_PAIRS, in chunks of that above), torch ops above that; both are sized by
+the step's shape alone (no host sync), so the whole forward can sit in a CUDA graph. The
+number of blocks is bounded by the shape: at most pairs // BLOCK_M + min(experts, pairs).
+Steps of more than FUSED_MAX_PAIRS pairs (prefill), devices Triton cannot drive and expert
+layouts the kernels do not compute (biases, transposed or interleaved weights, another
+activation) are left to upstream's grouped_mm. Under tensor parallelism each rank runs its
+shard of every expert (the widths come from the weights).
 Registered as experts implementation "pb_triton".
 """
 
@@ -35,8 +35,7 @@ from .common import INTERPRET, dot_precision, fp8_depth, kernels, pow2
 NAME = "pb_triton"
 BLOCK_M = 16
 ALIGN_MAX_PAIRS = 256  # `align` sorts up to this many pairs in one pass of one program ...
-ALIGN_CHUNK_PAIRS = 4096  # ... up to this many in chunks of ALIGN_CHUNK (a program each, two launches) ...
-ALIGN_CHUNK = 128  # ... and above, torch ops
+ALIGN_CHUNK_PAIRS = 4096  # ... up to this many in chunks of ALIGN_MAX_PAIRS (one program), then torch ops
 
 
 class Tiles(NamedTuple):
@@ -88,7 +87,10 @@ def align(top_k_index: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     rows = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
     if n_pairs > ALIGN_MAX_PAIRS:  # a decode step of many streams (0910's, 0390's small large steps)
-        return _align_chunks(flat.contiguous(), rows, block_expert, num_experts, block_m)
+        kernels("fused_moe").pb_moe_align_chunks[(1,)](flat.contiguous(), rows, block_expert, n_pairs, num_experts,
+                                                       blocks, C=ALIGN_MAX_PAIRS, E=pow2(num_experts), BM=block_m,
+                                                       num_warps=8)
+        return rows, block_expert
     if stable_launch.STABLE:  # 0450: three sizes of launch (64, 128 or 256 pairs), masked to the step's pairs
         p2 = max(64, pow2(n_pairs))
         b2 = pow2(max_blocks(p2, num_experts, block_m))
@@ -97,21 +99,6 @@ def align(top_k_index: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     warps = 4 if p2 <= 64 else 8
     kernels("fused_moe").pb_moe_align[(1,)](flat.contiguous(), rows, block_expert, n_pairs, num_experts, blocks,
                                             P=p2, E=pow2(num_experts), B=b2, BM=block_m, num_warps=warps)
-    return rows, block_expert
-
-
-def _align_chunks(flat: torch.Tensor, rows: torch.Tensor, block_expert: torch.Tensor, num_experts: int,
-                  block_m: int):
-    """`align` past one program's pairs: two launches of a program a chunk of ALIGN_CHUNK pairs,
-    the first counting each chunk's pairs an expert, the second placing them (the same rows and
-    blocks)."""
-    kernel, n_pairs, experts = kernels("fused_moe"), flat.numel(), pow2(num_experts)
-    chunks = -(-n_pairs // ALIGN_CHUNK)
-    counts = torch.empty((chunks, experts), dtype=torch.int32, device=flat.device)
-    kernel.pb_moe_align_count[(chunks,)](flat, counts, rows, n_pairs, num_experts, rows.numel(), C=ALIGN_CHUNK,
-                                         E=experts, num_warps=4)
-    kernel.pb_moe_align_place[(chunks,)](flat, counts, rows, block_expert, n_pairs, num_experts, block_expert.numel(),
-                                         C=ALIGN_CHUNK, E=experts, CH=pow2(chunks), BM=block_m, num_warps=4)
     return rows, block_expert
 
 

@@ -35,58 +35,44 @@ def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, ma
     expert_of_block = tl.where(first_row < tl.sum(padded, 0), expert_of_block, -1)
     tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
 
-@triton.jit
-def chunk_hits(index_ptr, chunk, n_pairs, num_experts, C: tl.constexpr, E: tl.constexpr):
-    """Pairs [chunk * C, (chunk + 1) * C): their numbers, whether each is kept (in the step, routed
-    to an expert of [0, num_experts)), its expert, and the [E, C] table of which expert each hit."""
-    p = chunk * C + tl.arange(0, C)
-    in_step = p < n_pairs
-    e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
-    kept = in_step & (e >= 0) & (e < num_experts)
-    hit = (e[None, :] == tl.arange(0, E)[:, None]) & kept[None, :]
-    return p, kept, e, hit
-
-
-@triton.jit(do_not_specialize=["n_pairs", "slots"])
-def pb_moe_align_count(index_ptr, counts_ptr, rows_ptr, n_pairs, num_experts, slots, C: tl.constexpr,
-                       E: tl.constexpr):
-    # pb_moe_align past one program's pairs, first launch: program c counts each expert's pairs among
-    # the chunk [c * C, (c + 1) * C) into counts[c, :], and marks its share of the rows as padding
-    c = tl.program_id(0)
-    p, kept, e, hit = chunk_hits(index_ptr, c, n_pairs, num_experts, C, E)
-    tl.store(counts_ptr + c * E + tl.arange(0, E), tl.sum(hit.to(tl.int32), axis=1))
-    share = tl.cdiv(slots, tl.num_programs(0))
-    stop = tl.minimum((c + 1) * share, slots)
-    for first in range(c * share, stop, C):
-        s = first + tl.arange(0, C)
-        tl.store(rows_ptr + s, n_pairs, mask=s < stop)
-
-
 @triton.jit(do_not_specialize=["n_pairs", "max_blocks"])
-def pb_moe_align_place(index_ptr, counts_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
-                       C: tl.constexpr, E: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr):
-    # the second launch: program c places its chunk's pairs, each after its expert's pairs of the
-    # chunks before (their counts) and of its own chunk before it, and writes its share of the
-    # blocks' experts; the rows and blocks pb_moe_align writes (CH >= chunks, a power of two)
-    c = tl.program_id(0)
-    chunks = tl.num_programs(0)
-    ch = tl.arange(0, CH)
-    table = tl.load(counts_ptr + ch[:, None] * E + tl.arange(0, E)[None, :], mask=(ch < chunks)[:, None], other=0)
-    padded = (tl.sum(table, axis=0) + BM - 1) // BM * BM
+def pb_moe_align_chunks(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
+                        C: tl.constexpr, E: tl.constexpr, BM: tl.constexpr):
+    # pb_moe_align for any count of pairs: one program walks them C at a time (E >= num_experts,
+    # powers of two), counting each expert's pairs, then placing each pair after the pairs of its
+    # expert placed before it: the same rows and blocks.
+    ex = tl.arange(0, E)
+    counts = tl.zeros((E,), dtype=tl.int32)
+    for first in range(0, n_pairs, C):
+        p = first + tl.arange(0, C)
+        in_step = p < n_pairs
+        e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
+        kept = in_step & (e >= 0) & (e < num_experts)
+        counts += tl.sum(((e[None, :] == ex[:, None]) & kept[None, :]).to(tl.int32), axis=1)
+    padded = (counts + BM - 1) // BM * BM
     ends = tl.cumsum(padded, 0)
-    taken = ends - padded + tl.sum(tl.where((ch < c)[:, None], table, 0), axis=0)
-    p, kept, e, hit = chunk_hits(index_ptr, c, n_pairs, num_experts, C, E)
-    earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])    # [C, C]
-    rank = tl.sum(earlier_same.to(tl.int32), axis=1)
-    tl.store(rows_ptr + tl.sum(tl.where(hit, taken[:, None], 0), axis=0) + rank, p, mask=kept)
     used_rows = tl.sum(padded, 0)
-    share = tl.cdiv(max_blocks, chunks)
-    stop = tl.minimum((c + 1) * share, max_blocks)
-    for first in range(c * share, stop, C):
+    for first in range(0, max_blocks * BM, C):
+        slots = first + tl.arange(0, C)
+        tl.store(rows_ptr + slots, n_pairs, mask=slots < max_blocks * BM)
+    tl.debug_barrier()
+    taken = ends - padded  # each expert's next free row
+    for first in range(0, n_pairs, C):
+        p = first + tl.arange(0, C)
+        in_step = p < n_pairs
+        e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
+        kept = in_step & (e >= 0) & (e < num_experts)
+        hit = (e[None, :] == ex[:, None]) & kept[None, :]                       # [E, C]
+        earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])    # [C, C]
+        rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+        tl.store(rows_ptr + tl.sum(tl.where(hit, taken[:, None], 0), axis=0) + rank, p, mask=kept)
+        taken += tl.sum(hit.to(tl.int32), axis=1)
+    for first in range(0, max_blocks, C):
         b = first + tl.arange(0, C)
         first_row = b * BM
         expert_of_block = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)  # [C, E]
-        tl.store(block_expert_ptr + b, tl.where(first_row < used_rows, expert_of_block, -1), mask=b < stop)
+        expert_of_block = tl.where(first_row < used_rows, expert_of_block, -1)
+        tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
 
 
 @triton.jit
