@@ -211,9 +211,10 @@ def prompt_programs(tokens: int, sequences: int) -> int:
     its tokens plus one a sequence (each sequence's last block may be partial), so 0370 launches
     that many, and at a step of decode rows alone (none) every one of them starts, finds no block
     and ends: at 128 streams 96 x 129 programs a layer, each holding an SM's worth of shared memory
-    while it looks (about 0.15 ms a layer on an H100, W74). With PB_ATTN_GRID (0940) the grid is one
-    a BLOCK_M of the tokens plus GRID_EXTRA, and its programs take the step's blocks in turn (the
-    kernel's TURNS): a block's rows get the same bits whichever program computes them."""
+    while it looks. With PB_ATTN_GRID (0940) the grid is one a BLOCK_M of the tokens plus
+    GRID_EXTRA, and its programs take the step's blocks in turn (the kernel's TURNS): a block's
+    rows get the same bits whichever program computes them. On an H100 a decode step was no
+    faster for it (W75): the empty programs end quickly."""
     if GRID:
         return -(-tokens // BLOCK_M) + min(sequences, GRID_EXTRA)
     return -(-tokens // BLOCK_M) + sequences
