@@ -273,6 +273,16 @@ def paged_index(seqs, gen, page: int = 256):
     return torch.cat(index), (sum(pages) + 3) * page
 
 
+def bf16_paged(seqs, k, v, gen):
+    """The step's keys and values ([1, KV heads, tokens, dim]) written to bfloat16 caches
+    [rows, KV heads, dim] at paged_index's rows: (read index, keys' cache, values' cache)."""
+    index, total = paged_index(seqs, gen)
+    cache_k = torch.zeros((total, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+    cache_v = torch.zeros_like(cache_k)
+    cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+    return index, cache_k, cache_v
+
+
 @pytest.mark.parametrize("fast,split", [(False, False), (True, False), (True, True)], ids=["0370", "0400", "0740"])
 @pytest.mark.parametrize("seqs", [[(32767, 1), (200, 1)], [(8000, 1)] * 8 + [(300, 700)], [(1000, 3000), (0, 1)]])
 def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
@@ -283,10 +293,7 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
-    index, total = paged_index(seqs, gen)
-    cache_k = torch.zeros((total, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
-    cache_v = torch.zeros_like(cache_k)
-    cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+    index, cache_k, cache_v = bf16_paged(seqs, k, v, gen)
     gathered = [torch.index_select(c, 0, index).transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
     paged = [c.transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
     cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
@@ -313,10 +320,7 @@ def test_attn_grid_gives_the_same_bits(seqs, split):
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     q, k, v, cu_q, cu_k, kwargs = varlen_step(seqs, gen)
-    index, total = paged_index(seqs, gen)
-    cache_k = torch.zeros((total, KV_HEADS, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
-    cache_v = torch.zeros_like(cache_k)
-    cache_k[index], cache_v[index] = k[0].transpose(0, 1), v[0].transpose(0, 1)
+    index, cache_k, cache_v = bf16_paged(seqs, k, v, gen)
     paged = [c.transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
     cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     outs = {}

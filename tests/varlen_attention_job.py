@@ -48,13 +48,19 @@ def kernel(q, k, v, cu_q, cu_k):
     return varlen_attention.forward(MODULE, q, k, v, DIM ** -0.5, kwargs)
 
 
+def random_step(rng: random.Random, gen: torch.Generator, most: int):
+    """1 to `most` sequences, each a fresh prompt, a chunk after cached keys or a decode row, with
+    padded query rows and keys: (the sequences' (cached, new) counts, step's tensors)."""
+    seqs = [(rng.choice([0, 0, rng.randint(1, 150)]), rng.choice([1, 1, rng.randint(1, 90)]))
+            for _ in range(rng.randint(1, most))]
+    return seqs, step(seqs, rng.randint(0, 5), rng.randint(0, 7), gen)
+
+
 def random_steps(count: int = 40) -> dict:
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     worst, padding_rows_zero, mixed = 0.0, True, 0
     for case in range(count):
-        seqs = [(rng.choice([0, 0, rng.randint(1, 150)]), rng.choice([1, 1, rng.randint(1, 90)]))
-                for _ in range(rng.randint(1, 5))]
-        q, k, v, cu_q, cu_k = step(seqs, rng.randint(0, 5), rng.randint(0, 7), gen)
+        seqs, (q, k, v, cu_q, cu_k) = random_step(rng, gen, 5)
         got, want = kernel(q, k, v, cu_q, cu_k), reference(q, k, v, cu_q, cu_k)
         real = cu_q[-1]
         worst = max(worst, (got[:, :real] - want[:, :real]).abs().max().item())
@@ -160,9 +166,7 @@ def attn_grid() -> dict:
     decode = [(rng.choice([rng.randint(0, 120), rng.randint(500, 2900)]), 1) for _ in range(12)] + [(0, 0)]
     steps = [step(mixed, 3, 4, gen), step(decode, 1, 2, gen)]
     for _ in range(8):
-        seqs = [(rng.choice([0, 0, rng.randint(1, 150)]), rng.choice([1, 1, rng.randint(1, 90)]))
-                for _ in range(rng.randint(1, 6))]
-        steps.append(step(seqs, rng.randint(0, 5), rng.randint(0, 7), gen))
+        steps.append(random_step(rng, gen, 6)[1])
     outs = {}
     for grid in (False, True):
         varlen_attention.GRID = grid

@@ -9,13 +9,20 @@ from . import fp8_tiles
 
 
 @triton.jit
+def pair_experts(index_ptr, p, n_pairs, num_experts):
+    """The experts of pairs `p`, and which of them the sort keeps (in the step, routed to an expert
+    of [0, num_experts))."""
+    in_step = p < n_pairs
+    e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
+    return e, in_step & (e >= 0) & (e < num_experts)
+
+
+@triton.jit
 def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
                  P: tl.constexpr, E: tl.constexpr, B: tl.constexpr, BM: tl.constexpr):
     # One program: P >= n_pairs, E >= num_experts, B >= max_blocks (powers of two).
     p = tl.arange(0, P)
-    in_step = p < n_pairs
-    e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
-    kept = in_step & (e >= 0) & (e < num_experts)
+    e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
     ex = tl.arange(0, E)
     hit = (e[None, :] == ex[:, None]) & kept[None, :]                       # [E, P]
     counts = tl.sum(hit.to(tl.int32), axis=1)
@@ -45,9 +52,7 @@ def pb_moe_align_chunks(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_expe
     counts = tl.zeros((E,), dtype=tl.int32)
     for first in range(0, n_pairs, C):
         p = first + tl.arange(0, C)
-        in_step = p < n_pairs
-        e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
-        kept = in_step & (e >= 0) & (e < num_experts)
+        e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
         counts += tl.sum(((e[None, :] == ex[:, None]) & kept[None, :]).to(tl.int32), axis=1)
     padded = (counts + BM - 1) // BM * BM
     ends = tl.cumsum(padded, 0)
@@ -59,9 +64,7 @@ def pb_moe_align_chunks(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_expe
     taken = ends - padded  # each expert's next free row
     for first in range(0, n_pairs, C):
         p = first + tl.arange(0, C)
-        in_step = p < n_pairs
-        e = tl.load(index_ptr + p, mask=in_step, other=num_experts).to(tl.int32)
-        kept = in_step & (e >= 0) & (e < num_experts)
+        e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
         hit = (e[None, :] == ex[:, None]) & kept[None, :]                       # [E, C]
         earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])    # [C, C]
         rank = tl.sum(earlier_same.to(tl.int32), axis=1)
