@@ -6,6 +6,12 @@ tiles overridden one configuration at a time, bits against the engine's own choi
   0410's TMA tile (tma_tiles); cuBLAS (F.linear) timed beside it. W13 tune4, W14 tune6. At decode
   sizes (up to CHUNK_MAX_ROWS rows) each is timed in CUDA graph replays over copies of the weight
   past L2 (sweep.graph_ms), as a decode step runs it; above, between events.
+- fp8: 0810's float8 GEMM (invariant_gemm.gemm_fp8) on GLM-4.5-Air's dense products quantized in
+  128 x 128 blocks, at --rows rows (decode sizes): the launch tile (weight rows, warps, stages), the
+  programs a one-row product is cut into (FP8_MIN_PROGRAMS: the K chunks, which fix the sums' order)
+  and the depth, in CUDA graph replays over copies of the weight past L2. A tile alone keeps the
+  bits; other chunks or depths give other (equally row-invariant) bits, so the best of all rows is
+  reported beside the best that keeps the engine's bits.
 - moe: 0390's large-step MoE kernels (fused_moe.experts_forward with moe_one_path on) on a
   --tokens-token step, each kernel's tile in turn against the engine's other, pointer and TMA
   weight reads (0430). W14 tune7.
@@ -31,6 +37,14 @@ GEMMS = {"1": [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), 
                ("shared_down", 4096, 704, False), ("dense_gate_up", 10944, 4096, False),
                ("dense_down", 4096, 5472, False)]}
 GEMM_TILES = "128x128x64w8s3,128x128x64w8s4,256x128x64w8s3,128x256x64w8s3,128x64x64w4s4,64x128x64w4s4,128x128x128w8s3"
+# GLM-4.5-Air's dense products at TP=1 as 0310 serves them in FP8 (q/k/v and gate/up stacked):
+# (name, N, K, has bias)
+FP8_GEMMS = [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), ("shared_gate_up", 2816, 4096, False),
+             ("shared_down", 4096, 1408, False), ("dense_gate_up", 21888, 4096, False),
+             ("dense_down", 4096, 10944, False)]
+FP8_TILES = "64w4s4,32w4s4,128w4s4,64w4s3,64w4s6,64w2s4,128w8s4"  # weight rows x warps x stages
+FP8_PROGRAMS = "264,132,528,1056"
+FP8_DEPTHS = "128,64"
 MOE_INTER = {"1": 1408, "2": 704}  # an expert's width per shard
 GATE_UP_TILES = "128x64w8s3,128x64w8s4,128x128w8s3,64x64w4s4,128x32w8s4"
 DOWN_TILES = "256x64w8s4,128x64w8s4,256x64w8s3,128x128w8s3"
@@ -124,7 +138,73 @@ def moe(args, command: str) -> sweep.Results:
     return results
 
 
-CASES = {"gemm": gemm, "moe": moe}
+def fp8_configs(tiles: str, programs: str, depths: str) -> list[dict]:
+    """The fp8 case's configurations: every tile at every program count at the first depth, then
+    the other depths at the first tile and each program count."""
+    tile_list = sweep.parse_tiles(tiles, 3)
+    counts = [int(v) for v in programs.split(",") if v]
+    depth_list = [int(v) for v in depths.split(",") if v]
+    configs = [{"tile": list(t), "programs": p, "depth": depth_list[0]} for p in counts for t in tile_list]
+    configs += [{"tile": list(tile_list[0]), "programs": p, "depth": d} for d in depth_list[1:] for p in counts]
+    return configs
+
+
+def fp8(args, command: str) -> sweep.Results:
+    import torch
+    from transformers._pb.ops import invariant_gemm as ig
+
+    from ..runtime import fp8 as fp8_format
+    from .gpu_fp8 import fp8_scales
+
+    configs = fp8_configs(args.tiles, args.programs, args.depths)
+    results = sweep.Results(args.out, "fp8", {"command": command, "rows": args.rows,
+                                              "device": torch.cuda.get_device_name()})
+    own_tiles, own_depth = ig.fp8_tiles, ig.fp8_depth
+
+    def settings(cfg):
+        n_rows, warps, stages = cfg["tile"]
+        depth = cfg["depth"]
+
+        def tiles(m):
+            t = own_tiles(m)
+            return ig.Tiles(t.m, n_rows, 0, warps, stages)
+
+        def fixed_depth(scale_k, *starts):
+            fits = scale_k % depth == 0 and all(start % depth == 0 for start in starts)
+            return depth if fits else own_depth(scale_k, *starts)
+
+        return {"fp8_tiles": tiles, "fp8_depth": fixed_depth, "FP8_MIN_PROGRAMS": cfg["programs"]}
+
+    for name, n, k, has_bias in FP8_GEMMS:
+        gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
+        w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16()
+        q, grid = fp8_format.quantize(w)
+        del w
+        scales = fp8_scales(grid, n, fp8_format.BLOCK, "cuda")
+        bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).bfloat16() if has_bias else None
+        x = torch.randn((args.rows, k), generator=gen, device="cuda").bfloat16()
+        weights = [q] + [q.clone() for _ in range(sweep.copies_for(q.numel()) - 1)]
+        ref = ig.gemm_fp8(x, q, *scales, bias=bias)
+        own_chunks = -(-k // ig.fp8_chunk_k(n, k))
+
+        def run(cfg, i):
+            with overridden(ig, **settings(cfg)):
+                return ig.gemm_fp8(x, weights[i % len(weights)], *scales, bias=bias)
+
+        rows = sweep.sweep(run, configs, ref, "graph")
+        for row in rows:
+            with overridden(ig, **settings(row["cfg"])):
+                row["chunks"] = -(-k // ig.fp8_chunk_k(n, k))
+        top = sweep.best(rows, same_bits=False)
+        results.add({"gemm": name, "n": n, "k": k, "rows": args.rows}, rows, engine_chunks=own_chunks,
+                    best_any=None if top is None else {"cfg": top["cfg"], "ms": top["ms"]},
+                    weight_mb=round(q.numel() / 1e6, 2))
+        del q, grid, x, bias, weights
+        torch.cuda.empty_cache()
+    return results
+
+
+CASES = {"gemm": gemm, "moe": moe, "fp8": fp8}
 
 
 def shards(text: str) -> list[str]:
@@ -144,6 +224,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=shards, default="1,2", help="the shards: 1, 2 or 1,2 (default: %(default)s)")
     g.add_argument("--tma", action="store_true", help="sweep 0410's TMA tile (else the pointer path's)")
     g.add_argument("--tiles", default=GEMM_TILES, help="MxNxKwWARPSsSTAGES,… (default: %(default)s)")
+    f = sub.add_parser("fp8", help="0810's float8 GEMM launch at decode rows")
+    f.add_argument("out", type=Path)
+    f.add_argument("--rows", type=int, default=1)
+    f.add_argument("--tiles", default=FP8_TILES, help="NwWARPSsSTAGES,… weight rows a program (default: %(default)s)")
+    f.add_argument("--programs", default=FP8_PROGRAMS, help="FP8_MIN_PROGRAMS values (default: %(default)s)")
+    f.add_argument("--depths", default=FP8_DEPTHS, help="BLOCK_K values (default: %(default)s)")
     m = sub.add_parser("moe", help="0390/0430's large-step MoE tiles")
     m.add_argument("out", type=Path)
     m.add_argument("--tokens", type=int, default=8192)

@@ -3,6 +3,7 @@ bits and timed; the fastest whose bits match is the best. The harness; the engin
 air12's shapes are swept by the device job on the GPU machine (patchbay.device.sweep):
 
     python3 -m patchbay.device sweep gemm OUT [--rows 8192] [--tp 1,2] [--tma] [--tiles 128x128x64w8s3,…]
+    python3 -m patchbay.device sweep fp8 OUT [--rows 1] [--tiles 64w4s4,…] [--programs 264,…] [--depths 128,64]
     python3 -m patchbay.device sweep moe OUT [--tokens 8192] [--tp 1,2] [--gate-up 128x64w8s3,…] [--down …]
 
 OUT/sweep-CASE.json is
