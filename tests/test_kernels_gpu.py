@@ -467,6 +467,26 @@ def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
         varlen_attention.restore()
 
 
+
+@pytest.mark.parametrize("tokens", [33, 64, 100, 128, 256, 512])
+def test_the_sorts_of_many_pairs_give_the_torch_ops_rows(tokens):
+    """0220's sort of 257-4,096 pairs, in one program and in two launches of a program a chunk
+    (fused_moe.TWO_LAUNCH_ALIGN), gives torch's rows and blocks, in a CUDA graph too; masked
+    pairs are left out."""
+    from transformers._pb.ops import fused_moe
+
+    gen = torch.Generator().manual_seed(tokens)
+    index = torch.stack([torch.randperm(128, generator=gen)[:8] for _ in range(tokens)]).cuda()
+    index[1, 0], index[2, 1] = 128, -1
+    want = fused_moe.align_torch(index, 128)
+    try:
+        for two in (False, True):
+            fused_moe.TWO_LAUNCH_ALIGN = two
+            assert all(torch.equal(a, b) for a, b in zip(fused_moe.align(index, 128), want)), two
+            assert all(torch.equal(a, b) for a, b in zip(in_graph(lambda: fused_moe.align(index, 128)), want)), two
+    finally:
+        fused_moe.TWO_LAUNCH_ALIGN = False
+
 # air12's dense products at TP=1: (out features, in features, bias, dtype)
 GEMMS = {"qkv fused": (14336, 4096, True, torch.bfloat16), "o_proj": (4096, 12288, False, torch.bfloat16),
          "shared gate/up": (2816, 4096, False, torch.bfloat16), "shared down": (4096, 1408, False, torch.bfloat16),

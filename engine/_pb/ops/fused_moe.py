@@ -36,6 +36,7 @@ NAME = "pb_triton"
 BLOCK_M = 16
 ALIGN_MAX_PAIRS = 256  # `align` sorts up to this many pairs in one pass of one program ...
 ALIGN_CHUNK_PAIRS = 4096  # ... up to this many in chunks of ALIGN_MAX_PAIRS (one program), then torch ops
+ALIGN_CHUNK = 128  # align_launches: the pairs a program of the two-launch sort counts and places
 
 
 class Tiles(NamedTuple):
@@ -56,6 +57,7 @@ class Tiles(NamedTuple):
 FUSED_MAX_PAIRS = 512
 DECODE_TILES = (Tiles(32, 128, 4, 4), Tiles(32, 128, 4, 4))
 TILES_OVERRIDE = None  # (gate_up, down): the tile sweep only, which runs the fused kernels at any size
+TWO_LAUNCH_ALIGN = False  # the tools only, until a GPU run times it: align_launches for 257+ pairs
 DECODE_TMA = False  # the tile sweep only: decode launches read the weights through 0430's TMA descriptors too
 
 
@@ -86,6 +88,8 @@ def align(top_k_index: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     blocks = max_blocks(n_pairs, num_experts, block_m)
     rows = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
+    if n_pairs > ALIGN_MAX_PAIRS and TWO_LAUNCH_ALIGN:
+        return align_launches(flat.contiguous(), rows, block_expert, num_experts, block_m)
     if n_pairs > ALIGN_MAX_PAIRS:  # a decode step of many streams (0910's, 0390's small large steps)
         kernels("fused_moe").pb_moe_align_chunks[(1,)](flat.contiguous(), rows, block_expert, n_pairs, num_experts,
                                                        blocks, C=ALIGN_MAX_PAIRS, E=pow2(num_experts), BM=block_m,
@@ -99,6 +103,21 @@ def align(top_k_index: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     warps = 4 if p2 <= 64 else 8
     kernels("fused_moe").pb_moe_align[(1,)](flat.contiguous(), rows, block_expert, n_pairs, num_experts, blocks,
                                             P=p2, E=pow2(num_experts), B=b2, BM=block_m, num_warps=warps)
+    return rows, block_expert
+
+
+def align_launches(flat: torch.Tensor, rows: torch.Tensor, block_expert: torch.Tensor, num_experts: int,
+                   block_m: int = BLOCK_M):
+    """`align` of many pairs in two launches of a program a chunk of ALIGN_CHUNK pairs, the first
+    counting each chunk's pairs an expert, the second placing them: the rows and blocks of
+    pb_moe_align_chunks' one program, with the chunks' work spread over the GPU."""
+    kernel, n_pairs, experts = kernels("fused_moe"), flat.numel(), pow2(num_experts)
+    chunks = -(-n_pairs // ALIGN_CHUNK)
+    counts = torch.empty((chunks, experts), dtype=torch.int32, device=flat.device)
+    kernel.pb_moe_align_count[(chunks,)](flat, counts, rows, n_pairs, num_experts, rows.numel(), C=ALIGN_CHUNK,
+                                         E=experts, num_warps=4)
+    kernel.pb_moe_align_place[(chunks,)](flat, counts, rows, block_expert, n_pairs, num_experts, block_expert.numel(),
+                                         C=ALIGN_CHUNK, E=experts, CH=pow2(chunks), BM=block_m, num_warps=4)
     return rows, block_expert
 
 

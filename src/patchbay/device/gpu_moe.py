@@ -105,12 +105,6 @@ def render(result: dict) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["table"]:
         return table_verb(argv, "moe", render)
-    import torch
-    from transformers._pb.ops import fused_moe
-    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
-
-    from ..runtime.synth import air12_config
-
     p = argparse.ArgumentParser(prog="python -m patchbay.device moe")
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", default="1,8,32")
@@ -119,6 +113,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tiles", default="shipped", help="comma-separated launch shapes of the fused kernels")
     p.add_argument("--impls", default=",".join(UPSTREAM), help="upstream implementations to time")
     args = p.parse_args(argv)
+    import torch
+    from transformers._pb.ops import fused_moe
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeExperts
+
+    from ..runtime.synth import air12_config
+
     sweep = {spec: parse_tiles(spec) for spec in args.tiles.split(",")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -161,9 +161,18 @@ def main(argv: list[str]) -> int:
             n_pairs = tokens * top_k
             if n_pairs <= fused_moe.ALIGN_CHUNK_PAIRS:  # the sort into blocks alone: one program vs torch ops
                 try:
-                    same = all(torch.equal(a, b) for a, b in zip(fused_moe.align(index, experts),
-                                                                 fused_moe.align_torch(index, experts)))
-                    for label, fn in (("align:triton", fused_moe.align), ("align:torch", fused_moe.align_torch)):
+                    want = fused_moe.align_torch(index, experts)
+
+                    def two_launches(index, experts):
+                        fused_moe.TWO_LAUNCH_ALIGN = True
+                        try:
+                            return fused_moe.align(index, experts)
+                        finally:
+                            fused_moe.TWO_LAUNCH_ALIGN = False
+
+                    for label, fn in (("align:triton", fused_moe.align), ("align:launches", two_launches),
+                                      ("align:torch", fused_moe.align_torch)):
+                        same = all(torch.equal(a, b) for a, b in zip(fn(index, experts), want))
                         results[label] = {"us": _time(lambda: fn(index, experts), args.iters, args.graphs) * 1e6,
                                           "equal": same}
                 except Exception as e:

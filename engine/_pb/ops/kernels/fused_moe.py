@@ -78,6 +78,52 @@ def pb_moe_align_chunks(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_expe
         tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
 
 
+@triton.jit(do_not_specialize=["n_pairs", "slots"])
+def pb_moe_align_count(index_ptr, counts_ptr, rows_ptr, n_pairs, num_experts, slots, C: tl.constexpr,
+                       E: tl.constexpr):
+    # pb_moe_align_chunks in two launches, the first: program c counts each expert's pairs among
+    # the chunk [c * C, (c + 1) * C) into counts[c, :] and marks its share of the rows as padding
+    c = tl.program_id(0)
+    e, kept = pair_experts(index_ptr, c * C + tl.arange(0, C), n_pairs, num_experts)
+    hit = (e[None, :] == tl.arange(0, E)[:, None]) & kept[None, :]               # [E, C]
+    tl.store(counts_ptr + c * E + tl.arange(0, E), tl.sum(hit.to(tl.int32), axis=1))
+    share = tl.cdiv(slots, tl.num_programs(0))
+    stop = tl.minimum((c + 1) * share, slots)
+    for first in range(c * share, stop, C):
+        s = first + tl.arange(0, C)
+        tl.store(rows_ptr + s, n_pairs, mask=s < stop)
+
+
+@triton.jit(do_not_specialize=["n_pairs", "max_blocks"])
+def pb_moe_align_place(index_ptr, counts_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
+                       C: tl.constexpr, E: tl.constexpr, CH: tl.constexpr, BM: tl.constexpr):
+    # the second launch: program c places its chunk's pairs, each after its expert's pairs of the
+    # chunks before it (their counts) and of its own chunk before it, and writes its share of the
+    # blocks' experts: the rows and blocks pb_moe_align writes (CH >= chunks, a power of two)
+    c = tl.program_id(0)
+    chunks = tl.num_programs(0)
+    ch = tl.arange(0, CH)
+    ex = tl.arange(0, E)
+    table = tl.load(counts_ptr + ch[:, None] * E + ex[None, :], mask=(ch < chunks)[:, None], other=0)  # [CH, E]
+    padded = (tl.sum(table, axis=0) + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, 0)
+    taken = ends - padded + tl.sum(tl.where((ch < c)[:, None], table, 0), axis=0)
+    p = c * C + tl.arange(0, C)
+    e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
+    hit = (e[None, :] == ex[:, None]) & kept[None, :]                           # [E, C]
+    earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])        # [C, C]
+    rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+    tl.store(rows_ptr + tl.sum(tl.where(hit, taken[:, None], 0), axis=0) + rank, p, mask=kept)
+    used_rows = tl.sum(padded, 0)
+    share = tl.cdiv(max_blocks, chunks)
+    stop = tl.minimum((c + 1) * share, max_blocks)
+    for first in range(c * share, stop, C):
+        b = first + tl.arange(0, C)
+        first_row = b * BM
+        expert_of_block = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)  # [C, E]
+        tl.store(block_expert_ptr + b, tl.where(first_row < used_rows, expert_of_block, -1), mask=b < stop)
+
+
 @triton.jit
 def pb_moe_gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, n_pairs, top_k, hidden, inter,
             stride_x, stride_we, stride_wn, stride_h,
