@@ -11,12 +11,13 @@ tiles overridden one configuration at a time, bits against the engine's own choi
   programs a one-row product is cut into (FP8_MIN_PROGRAMS: the K chunks, which fix the sums' order)
   and the depth, in CUDA graph replays over copies of the weight past L2. A tile alone keeps the
   bits; other chunks or depths give other (equally row-invariant) bits, so the best of all rows is
-  reported beside the best that keeps the engine's bits.
+  reported beside the best that keeps the engine's bits. --experts adds one air12 MoE layer's
+  routed experts in float8 (0220's kernels take the same tile and depth; K is not chunked there).
 - moe: 0390's large-step MoE kernels (fused_moe.experts_forward with moe_one_path on) on a
   --tokens-token step, each kernel's tile in turn against the engine's other, pointer and TMA
   weight reads (0430). W14 tune7.
 
-Both need CUDA and the patched engine (scripts/gpu-run.sh patched).
+All need CUDA and the patched engine (scripts/gpu-run.sh patched).
 """
 
 from __future__ import annotations
@@ -201,7 +202,40 @@ def fp8(args, command: str) -> sweep.Results:
                     weight_mb=round(q.numel() / 1e6, 2))
         del q, grid, x, bias, weights
         torch.cuda.empty_cache()
+    if args.experts:
+        experts_case(args, results, configs, settings)
     return results
+
+
+def experts_case(args, results, configs: list[dict], settings) -> None:
+    """The fp8 case's routed experts (0220's float8 kernels run the float8 GEMM's tile and depth):
+    one air12 MoE layer at --rows tokens, distinct routes, timed in graph replays (the experts
+    themselves are past L2)."""
+    import torch
+    from transformers._pb.ops import fused_moe, invariant_gemm as ig
+
+    from ..runtime.synth import air12_config
+    from .gpu_fp8 import _experts
+
+    config = air12_config()
+    module, quantized, _twin = _experts(config)
+    del _twin
+    torch.cuda.empty_cache()
+    gen = torch.Generator(device="cuda").manual_seed(args.rows)
+    x = torch.randn((args.rows, config.hidden_size), generator=gen, device="cuda").bfloat16()
+    index = torch.rand((args.rows, config.n_routed_experts), generator=gen, device="cuda").topk(
+        config.num_experts_per_tok, dim=1).indices
+    weights = torch.rand((args.rows, config.num_experts_per_tok), generator=gen, device="cuda").bfloat16()
+    own = [c for c in configs if c["programs"] == configs[0]["programs"]]  # programs do not apply here
+
+    def run(cfg, _i):
+        with overridden(ig, **settings(cfg)), torch.no_grad():
+            return fused_moe.experts_forward(quantized, x, index, weights)
+
+    rows = sweep.sweep(run, own, run(own[0], 0), "graph")
+    top = sweep.best(rows, same_bits=False)
+    results.add({"gemm": "routed experts", "rows": args.rows, "experts_touched": int(index.unique().numel())}, rows,
+                best_any=None if top is None else {"cfg": top["cfg"], "ms": top["ms"]})
 
 
 CASES = {"gemm": gemm, "moe": moe, "fp8": fp8}
@@ -230,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--tiles", default=FP8_TILES, help="NwWARPSsSTAGES,… weight rows a program (default: %(default)s)")
     f.add_argument("--programs", default=FP8_PROGRAMS, help="FP8_MIN_PROGRAMS values (default: %(default)s)")
     f.add_argument("--depths", default=FP8_DEPTHS, help="BLOCK_K values (default: %(default)s)")
+    f.add_argument("--experts", action="store_true", help="also the routed experts (tile and depth)")
     m = sub.add_parser("moe", help="0390/0430's large-step MoE tiles")
     m.add_argument("out", type=Path)
     m.add_argument("--tokens", type=int, default=8192)
