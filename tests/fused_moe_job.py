@@ -94,7 +94,7 @@ with torch.no_grad():
                                                        grouped_mm_experts_forward(gelu, x, index, weights))
 
 # The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs in one pass, up to
-# ALIGN_CHUNK_PAIRS in chunks, or in two launches of a program a chunk) equals the torch ops, bit for bit, and never needs more blocks than
+# ALIGN_CHUNK_PAIRS in two launches of a program a chunk) equals the torch ops, bit for bit, and never needs more blocks than
 # the shape-only bound; chunks also in 0390's 128-row blocks.
 report["align"] = []
 for tokens, experts, top_k, block_m in [(1, 128, 8, 16), (3, 8, 2, 16), (8, 128, 8, 16), (17, 8, 3, 16),
@@ -109,9 +109,6 @@ for tokens, experts, top_k, block_m in [(1, 128, 8, 16), (3, 8, 2, 16), (8, 128,
     stable_launch.STABLE = True  # 0450: one launch at the largest size, masked to the step
     rows_s, blocks_s = fused_moe.align(index, experts, block_m)
     stable_launch.STABLE = False
-    fused_moe.TWO_LAUNCH_ALIGN = True  # 257+ pairs: a program a chunk, count then place
-    rows_l, blocks_l = fused_moe.align(index, experts, block_m)
-    fused_moe.TWO_LAUNCH_ALIGN = False
     kept = index.reshape(-1)
     kept = kept[(kept >= 0) & (kept < experts)]
     used = int((blocks >= 0).sum())
@@ -121,8 +118,7 @@ for tokens, experts, top_k, block_m in [(1, 128, 8, 16), (3, 8, 2, 16), (8, 128,
                             and torch.equal(blocks, blocks_t), "used": used, "needed": needed,
                             "bound": blocks.numel() == fused_moe.max_blocks(tokens * top_k, experts, block_m),
                             "placed_once": placed == sorted(set(placed)) and len(placed) == kept.numel(),
-                            "stable_equal": torch.equal(rows, rows_s) and torch.equal(blocks, blocks_s),
-                            "launches_equal": torch.equal(rows, rows_l) and torch.equal(blocks, blocks_l)})
+                            "stable_equal": torch.equal(rows, rows_s) and torch.equal(blocks, blocks_s)})
 
 # The whole tiny model: greedy ids and teacher-forced logprobs, eager experts vs pb_triton.
 model_dir = sys.argv[1]

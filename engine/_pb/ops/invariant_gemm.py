@@ -194,9 +194,15 @@ def fp8_chunk_k(n: int, k: int) -> int:
     many chunks (at most MAX_CHUNKS, each a whole number of 128-deep steps) as give one row
     FP8_MIN_PROGRAMS programs of FP8_TILE_N weight rows. The float8 weights' bytes are half the
     bf16 ones', so a decode step needs more programs in flight to keep the memory busy (W53: k_proj
-    in 2 chunks of 16 programs took 19 us against the bf16 kernel's 11)."""
-    steps = -(-k // 128)
-    chunks = min(MAX_CHUNKS, steps, max(1, -(-FP8_MIN_PROGRAMS // -(-n // FP8_TILE_N))))
+    in 2 chunks of 16 programs took 19 us against the bf16 kernel's 11). A weight whose tiles alone
+    number half of FP8_MIN_PROGRAMS is not cut: on one H100 (W76) Air's stacked q/k/v (224 tiles)
+    took 27.3 us in one chunk against 30.4 in two at one row, 32.6 / 43.0 at 64 rows and 61.1 / 79.2
+    at 128; the narrower products kept their chunks (o_proj, the dense down product: fewer were
+    slower at one row)."""
+    steps, tiles = -(-k // 128), -(-n // FP8_TILE_N)
+    if tiles >= FP8_MIN_PROGRAMS // 2:  # wide enough alone: one chunk, no float32 parts to sum
+        return steps * 128
+    chunks = min(MAX_CHUNKS, steps, max(1, -(-FP8_MIN_PROGRAMS // tiles)))
     return -(-steps // chunks) * 128
 
 

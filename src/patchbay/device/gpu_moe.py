@@ -162,16 +162,7 @@ def main(argv: list[str]) -> int:
             if n_pairs <= fused_moe.ALIGN_CHUNK_PAIRS:  # the sort into blocks alone: one program vs torch ops
                 try:
                     want = fused_moe.align_torch(index, experts)
-
-                    def two_launches(index, experts):
-                        fused_moe.TWO_LAUNCH_ALIGN = True
-                        try:
-                            return fused_moe.align(index, experts)
-                        finally:
-                            fused_moe.TWO_LAUNCH_ALIGN = False
-
-                    for label, fn in (("align:triton", fused_moe.align), ("align:launches", two_launches),
-                                      ("align:torch", fused_moe.align_torch)):
+                    for label, fn in (("align:triton", fused_moe.align), ("align:torch", fused_moe.align_torch)):
                         same = all(torch.equal(a, b) for a, b in zip(fn(index, experts), want))
                         results[label] = {"us": _time(lambda: fn(index, experts), args.iters, args.graphs) * 1e6,
                                           "equal": same}

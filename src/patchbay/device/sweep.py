@@ -9,9 +9,11 @@ tiles overridden one configuration at a time, bits against the engine's own choi
 - fp8: 0810's float8 GEMM (invariant_gemm.gemm_fp8) on GLM-4.5-Air's dense products quantized in
   128 x 128 blocks, at --rows rows (decode sizes): the launch tile (weight rows, warps, stages), the
   programs a one-row product is cut into (FP8_MIN_PROGRAMS: the K chunks, which fix the sums' order)
-  and the depth, in CUDA graph replays over copies of the weight past L2. A tile alone keeps the
-  bits; other chunks or depths give other (equally row-invariant) bits, so the best of all rows is
-  reported beside the best that keeps the engine's bits. --experts adds one air12 MoE layer's
+  and the depth, in CUDA graph replays over copies of the weight past L2 (--row-tile: the
+  activation rows a program, else the engine's). Other chunks give other (equally row-invariant)
+  bits, and so do tiles under the tensor core's 64-row warp-group instruction (32 weight rows, or 2
+  warps: another MMA, whose bits differ from the larger steps' tiles, W76), so the best of all rows
+  is reported beside the best that keeps the engine's bits. --experts adds one air12 MoE layer's
   routed experts in float8 (0220's kernels take the same tile and depth; K is not chunked there).
 - moe: 0390's large-step MoE kernels (fused_moe.experts_forward with moe_one_path on) on a
   --tokens-token step, each kernel's tile in turn against the engine's other, pointer and TMA
@@ -161,6 +163,7 @@ def fp8(args, command: str) -> sweep.Results:
     results = sweep.Results(args.out, "fp8", {"command": command, "rows": args.rows,
                                               "device": torch.cuda.get_device_name()})
     own_tiles, own_depth = ig.fp8_tiles, ig.fp8_depth
+    row_tile = args.row_tile  # activation rows a program: 0 keeps the engine's (a row's bits do not depend on it)
 
     def settings(cfg):
         n_rows, warps, stages = cfg["tile"]
@@ -168,7 +171,7 @@ def fp8(args, command: str) -> sweep.Results:
 
         def tiles(m):
             t = own_tiles(m)
-            return ig.Tiles(t.m, n_rows, 0, warps, stages)
+            return ig.Tiles(row_tile or t.m, n_rows, 0, warps, stages)
 
         def fixed_depth(scale_k, *starts):
             fits = scale_k % depth == 0 and all(start % depth == 0 for start in starts)
@@ -265,6 +268,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--programs", default=FP8_PROGRAMS, help="FP8_MIN_PROGRAMS values (default: %(default)s)")
     f.add_argument("--depths", default=FP8_DEPTHS, help="BLOCK_K values (default: %(default)s)")
     f.add_argument("--experts", action="store_true", help="also the routed experts (tile and depth)")
+    f.add_argument("--row-tile", type=int, default=0, help="activation rows a program (default: the engine's)")
     m = sub.add_parser("moe", help="0390/0430's large-step MoE tiles")
     m.add_argument("out", type=Path)
     m.add_argument("--tokens", type=int, default=8192)

@@ -42,47 +42,12 @@ def pb_moe_align(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, ma
     expert_of_block = tl.where(first_row < tl.sum(padded, 0), expert_of_block, -1)
     tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
 
-@triton.jit(do_not_specialize=["n_pairs", "max_blocks"])
-def pb_moe_align_chunks(index_ptr, rows_ptr, block_expert_ptr, n_pairs, num_experts, max_blocks,
-                        C: tl.constexpr, E: tl.constexpr, BM: tl.constexpr):
-    # pb_moe_align for any count of pairs: one program walks them C at a time (E >= num_experts,
-    # powers of two), counting each expert's pairs, then placing each pair after the pairs of its
-    # expert placed before it: the same rows and blocks.
-    ex = tl.arange(0, E)
-    counts = tl.zeros((E,), dtype=tl.int32)
-    for first in range(0, n_pairs, C):
-        p = first + tl.arange(0, C)
-        e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
-        counts += tl.sum(((e[None, :] == ex[:, None]) & kept[None, :]).to(tl.int32), axis=1)
-    padded = (counts + BM - 1) // BM * BM
-    ends = tl.cumsum(padded, 0)
-    used_rows = tl.sum(padded, 0)
-    for first in range(0, max_blocks * BM, C):
-        slots = first + tl.arange(0, C)
-        tl.store(rows_ptr + slots, n_pairs, mask=slots < max_blocks * BM)
-    tl.debug_barrier()
-    taken = ends - padded  # each expert's next free row
-    for first in range(0, n_pairs, C):
-        p = first + tl.arange(0, C)
-        e, kept = pair_experts(index_ptr, p, n_pairs, num_experts)
-        hit = (e[None, :] == ex[:, None]) & kept[None, :]                       # [E, C]
-        earlier_same = (e[:, None] == e[None, :]) & (p[None, :] < p[:, None])    # [C, C]
-        rank = tl.sum(earlier_same.to(tl.int32), axis=1)
-        tl.store(rows_ptr + tl.sum(tl.where(hit, taken[:, None], 0), axis=0) + rank, p, mask=kept)
-        taken += tl.sum(hit.to(tl.int32), axis=1)
-    for first in range(0, max_blocks, C):
-        b = first + tl.arange(0, C)
-        first_row = b * BM
-        expert_of_block = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)  # [C, E]
-        expert_of_block = tl.where(first_row < used_rows, expert_of_block, -1)
-        tl.store(block_expert_ptr + b, expert_of_block, mask=b < max_blocks)
-
-
 @triton.jit(do_not_specialize=["n_pairs", "slots"])
 def pb_moe_align_count(index_ptr, counts_ptr, rows_ptr, n_pairs, num_experts, slots, C: tl.constexpr,
                        E: tl.constexpr):
-    # pb_moe_align_chunks in two launches, the first: program c counts each expert's pairs among
-    # the chunk [c * C, (c + 1) * C) into counts[c, :] and marks its share of the rows as padding
+    # pb_moe_align past one program's pairs, in two launches of a program a chunk of C pairs; the
+    # first: program c counts each expert's pairs among the chunk [c * C, (c + 1) * C) into
+    # counts[c, :] and marks its share of the rows as padding
     c = tl.program_id(0)
     e, kept = pair_experts(index_ptr, c * C + tl.arange(0, C), n_pairs, num_experts)
     hit = (e[None, :] == tl.arange(0, E)[:, None]) & kept[None, :]               # [E, C]
