@@ -93,9 +93,9 @@ with torch.no_grad():
     report["other_layout_is_grouped_mm"] = torch.equal(fused_moe.experts_forward(gelu, x, index, weights),
                                                        grouped_mm_experts_forward(gelu, x, index, weights))
 
-# The sort into blocks: one Triton program (up to ALIGN_MAX_PAIRS pairs in one pass, up to
-# ALIGN_CHUNK_PAIRS in two launches of a program a chunk) equals the torch ops, bit for bit, and never needs more blocks than
-# the shape-only bound; chunks also in 0390's 128-row blocks.
+# The sort into blocks: Triton's (one program up to ALIGN_MAX_PAIRS pairs, two launches of a
+# program a chunk up to ALIGN_CHUNK_PAIRS) equals the torch ops, bit for bit, and never needs more
+# blocks than the shape-only bound; chunks also in 0390's 128-row blocks.
 report["align"] = []
 for tokens, experts, top_k, block_m in [(1, 128, 8, 16), (3, 8, 2, 16), (8, 128, 8, 16), (17, 8, 3, 16),
                                         (32, 128, 8, 16), (5, 4, 2, 16), (40, 16, 4, 16), (1, 4, 4, 16),

@@ -467,7 +467,6 @@ def test_stable_launch_sorts_with_0220s_bits_and_warms_every_key(monkeypatch):
         varlen_attention.restore()
 
 
-
 @pytest.mark.parametrize("tokens", [33, 64, 100, 128, 256, 512])
 def test_the_sort_of_many_pairs_gives_the_torch_ops_rows(tokens):
     """0220's sort of 257-4,096 pairs, two launches of a program a chunk, gives torch's rows and
@@ -480,6 +479,7 @@ def test_the_sort_of_many_pairs_gives_the_torch_ops_rows(tokens):
     want = fused_moe.align_torch(index, 128)
     assert all(torch.equal(a, b) for a, b in zip(fused_moe.align(index, 128), want))
     assert all(torch.equal(a, b) for a, b in zip(in_graph(lambda: fused_moe.align(index, 128)), want))
+
 
 # air12's dense products at TP=1: (out features, in features, bias, dtype)
 GEMMS = {"qkv fused": (14336, 4096, True, torch.bfloat16), "o_proj": (4096, 12288, False, torch.bfloat16),
@@ -664,9 +664,9 @@ def test_moe_one_path_runs_float32_experts_at_every_step_size():
 @pytest.mark.parametrize("name", ["k_proj", "o_proj", "dense down", "q_proj"])
 def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name):
     """0810: the float8 GEMM with 128 x 128 block scales (Air's k_proj, o_proj and the dense MLP's
-    down, 85.5 blocks deep, in chunks; q_proj, wide enough for one chunk) gives a row the same bits among 1 ... 8192 rows and inside a CUDA
-    graph, near the product with the dequantized twin (not its bits: the transposed tiles sum in
-    another order)."""
+    down, 85.5 blocks deep, in chunks; q_proj, wide enough for one chunk) gives a row the same bits
+    among 1 ... 8192 rows and inside a CUDA graph, near the product with the dequantized twin (not
+    its bits: the transposed tiles sum in another order)."""
     from transformers._pb.ops import invariant_gemm
 
     from patchbay.device.gpu_fp8 import DENSE, fp8_scales

@@ -40,11 +40,6 @@ GEMMS = {"1": [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), 
                ("shared_down", 4096, 704, False), ("dense_gate_up", 10944, 4096, False),
                ("dense_down", 4096, 5472, False)]}
 GEMM_TILES = "128x128x64w8s3,128x128x64w8s4,256x128x64w8s3,128x256x64w8s3,128x64x64w4s4,64x128x64w4s4,128x128x128w8s3"
-# GLM-4.5-Air's dense products at TP=1 as 0310 serves them in FP8 (q/k/v and gate/up stacked):
-# (name, N, K, has bias)
-FP8_GEMMS = [("qkv+bias", 14336, 4096, True), ("o_proj", 4096, 12288, False), ("shared_gate_up", 2816, 4096, False),
-             ("shared_down", 4096, 1408, False), ("dense_gate_up", 21888, 4096, False),
-             ("dense_down", 4096, 10944, False)]
 FP8_TILES = "64w4s4,32w4s4,128w4s4,64w4s3,64w4s6,64w2s4,128w8s4"  # weight rows x warps x stages
 FP8_PROGRAMS = "264,132,528,1056"
 FP8_DEPTHS = "128,64"
@@ -141,6 +136,17 @@ def moe(args, command: str) -> sweep.Results:
     return results
 
 
+def _chunks(ig, n: int, k: int) -> int:
+    """The K chunks of an [n, k] float8 weight under invariant_gemm's settings now in force."""
+    return -(-k // ig.fp8_chunk_k(n, k))
+
+
+def _best_any(rows: list[dict]) -> dict | None:
+    """The fastest configuration that ran, whatever its bits (other chunks give other bits)."""
+    top = sweep.best(rows, same_bits=False)
+    return None if top is None else {"cfg": top["cfg"], "ms": top["ms"]}
+
+
 def fp8_configs(tiles: str, programs: str, depths: str) -> list[dict]:
     """The fp8 case's configurations: every tile at every program count at the first depth, then
     the other depths at the first tile and each program count."""
@@ -179,7 +185,7 @@ def fp8(args, command: str) -> sweep.Results:
 
         return {"fp8_tiles": tiles, "fp8_depth": fixed_depth, "FP8_MIN_PROGRAMS": cfg["programs"]}
 
-    for name, n, k, has_bias in FP8_GEMMS:
+    for name, n, k, has_bias in GEMMS["1"]:  # as 0310 serves them in FP8 too (q/k/v, gate/up stacked)
         gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
         w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16()
         q, grid = fp8_format.quantize(w)
@@ -189,7 +195,7 @@ def fp8(args, command: str) -> sweep.Results:
         x = torch.randn((args.rows, k), generator=gen, device="cuda").bfloat16()
         weights = [q] + [q.clone() for _ in range(sweep.copies_for(q.numel()) - 1)]
         ref = ig.gemm_fp8(x, q, *scales, bias=bias)
-        own_chunks = -(-k // ig.fp8_chunk_k(n, k))
+        own_chunks = _chunks(ig, n, k)
 
         def run(cfg, i):
             with overridden(ig, **settings(cfg)):
@@ -198,11 +204,9 @@ def fp8(args, command: str) -> sweep.Results:
         rows = sweep.sweep(run, configs, ref, "graph")
         for row in rows:
             with overridden(ig, **settings(row["cfg"])):
-                row["chunks"] = -(-k // ig.fp8_chunk_k(n, k))
-        top = sweep.best(rows, same_bits=False)
+                row["chunks"] = _chunks(ig, n, k)
         results.add({"gemm": name, "n": n, "k": k, "rows": args.rows}, rows, engine_chunks=own_chunks,
-                    best_any=None if top is None else {"cfg": top["cfg"], "ms": top["ms"]},
-                    weight_mb=round(q.numel() / 1e6, 2))
+                    best_any=_best_any(rows), weight_mb=round(q.numel() / 1e6, 2))
         del q, grid, x, bias, weights
         torch.cuda.empty_cache()
     if args.experts:
@@ -221,8 +225,7 @@ def experts_case(args, results, configs: list[dict], settings) -> None:
     from .gpu_fp8 import _experts
 
     config = air12_config()
-    module, quantized, _twin = _experts(config)
-    del _twin
+    quantized = _experts(config)[1]  # the dequantized twin is dropped here
     torch.cuda.empty_cache()
     gen = torch.Generator(device="cuda").manual_seed(args.rows)
     x = torch.randn((args.rows, config.hidden_size), generator=gen, device="cuda").bfloat16()
@@ -236,9 +239,8 @@ def experts_case(args, results, configs: list[dict], settings) -> None:
             return fused_moe.experts_forward(quantized, x, index, weights)
 
     rows = sweep.sweep(run, own, run(own[0], 0), "graph")
-    top = sweep.best(rows, same_bits=False)
     results.add({"gemm": "routed experts", "rows": args.rows, "experts_touched": int(index.unique().numel())}, rows,
-                best_any=None if top is None else {"cfg": top["cfg"], "ms": top["ms"]})
+                best_any=_best_any(rows))
 
 
 CASES = {"gemm": gemm, "moe": moe, "fp8": fp8}
