@@ -7,9 +7,11 @@ half-precision operands, and, with 0370's attention, the tiny model's log probab
 bits alone and batched. Its speed and its bits at bfloat16 on a GPU are for
 tests/test_kernels_gpu.py and the results windows."""
 
+import json
+
 import pytest
 
-from .conftest import engine_jobs
+from .conftest import engine_code, engine_jobs
 
 pytestmark = pytest.mark.engine
 
@@ -82,3 +84,62 @@ def test_tiny_model_with_0370_gives_a_request_the_same_logprobs_alone_and_batche
     assert tiny["prompts"] == 4 and tiny["logprob_counts"] == [10, 10, 10, 10]
     assert all(tiny["tokens_equal"]) and all(tiny["logprobs_equal"]), tiny
     assert tiny["max_abs_diff"] == 0.0
+
+
+LAST_SUM_CODE = """
+import json, torch
+from transformers._pb.ops import invariant_gemm as ig
+ig.at_load()  # PB_GEMM_LAST_SUM is on in this process's environment
+out = {"at_load": ig.LAST_SUM}
+seconds = []  # the second launches (pb_gemm_sum) run
+sum_parts = ig._sum_parts
+ig._sum_parts = lambda *args: (seconds.append(1), sum_parts(*args))[1]
+gen = torch.Generator().manual_seed(5)
+
+
+def both(label, run):
+    ig.LAST_SUM = False
+    before = len(seconds)
+    want = run()
+    off = len(seconds) - before
+    ig.LAST_SUM = True
+    before = len(seconds)
+    got, again = run(), run()  # twice: the counters are back at zero after a launch
+    out[label] = {"equal": torch.equal(want, got) and torch.equal(want, again), "second_off": off,
+                  "second_on": len(seconds) - before}
+
+
+# (rows, weight rows, K, bias): chunked sums (K over 4,096, or few columns), 1 to 256 rows
+for m, n, k, bias in ((1, 40, 5000, True), (7, 300, 4100, False), (64, 96, 4500, True), (256, 20, 700, False)):
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    both(f"gemm {m} {n} {k}", lambda: ig.gemm(x, w.t(), b))
+# 0810's float8 GEMM: a 130 x 1,000 weight in 128 x 128 blocks, chunked by its few tiles
+q = (torch.randn(130, 1000, generator=gen) * 50).to(torch.float8_e4m3fn)
+grid, grid_rows = torch.rand(2, 8, generator=gen) + 0.5, (torch.arange(130) // 128).int()
+for m in (1, 9):
+    x, b = torch.randn(m, 1000, generator=gen), torch.randn(130, generator=gen)
+    both(f"fp8 {m}", lambda: ig.gemm_fp8(x, q, grid, grid_rows, 0, 128, b))
+# more output tiles than the counters: the second launch again
+ig.COUNTERS = 2
+x, w = torch.randn(3, 5000, generator=gen), torch.randn(300, 5000, generator=gen)
+both("past the counters", lambda: ig.gemm(x, w.t()))
+out["counters_zero"] = [int(c.abs().sum()) == 0 for c in ig._counters.values()]
+out["chunks"] = {"gemm": -(-5000 // ig.chunk_k(40, 5000)), "fp8": -(-1000 // ig.fp8_chunk_k(130, 1000))}
+print(json.dumps(out))
+"""
+
+
+def test_last_sum_adds_the_parts_in_the_products_own_launch_with_the_same_bits(patched_engine):
+    """0950: a chunked product's parts added by each tile's last program give the bits of the
+    second launch (pb_gemm_sum) they replace, for 0380's GEMM at 1-256 rows and 0810's float8
+    GEMM, with no second launch run; launched twice in a row (the counters go back to zero); a
+    product of more tiles than the counters hold keeps the second launch."""
+    proc = engine_code(LAST_SUM_CODE, patched_engine, timeout=900, PB_GEMM_LAST_SUM="1", TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out.pop("at_load") is True and "PB_GEMM_LAST_SUM" in proc.stderr
+    assert out.pop("chunks")["gemm"] > 1 and all(out.pop("counters_zero")), out
+    past = out.pop("past the counters")
+    assert past == {"equal": True, "second_off": 1, "second_on": 2}, past
+    assert len(out) == 6 and all(r == {"equal": True, "second_off": 1, "second_on": 0} for r in out.values()), out

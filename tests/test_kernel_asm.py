@@ -42,3 +42,13 @@ def test_fp8_kernels_run_hoppers_mma_with_pipelined_loads_at_every_step_size(asm
     for label in ("decode", "large"):
         kernel = asm[f"{name}_{label}"]
         assert kernel["wgmma"] > 0 and kernel["async_copies"] > 0 and kernel["stores"] > 0, (label, kernel)
+
+
+def test_last_sum_counts_a_tiles_parts_with_one_acquire_release_atomic(asm):
+    """0950: the float8 decode launch with its parts added by each tile's last program keeps
+    Hopper's MMA and pipelined loads, and counts the tile's parts with one atomic add whose
+    acquire-release order makes the other programs' parts visible to the last."""
+    kernel = asm["fp8_gemm_last_sum"]
+    assert kernel["wgmma"] > 0 and kernel["async_copies"] > 0, kernel
+    assert len(kernel["atomics"]) == 1 and "acq_rel" in kernel["atomics"][0] and ".add" in kernel["atomics"][0], kernel
+    assert asm["fp8_gemm_decode"]["atomics"] == [], asm["fp8_gemm_decode"]

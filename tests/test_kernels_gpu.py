@@ -49,6 +49,7 @@ def in_graph(fn):
         out = fn()
     graph.replay()
     torch.cuda.synchronize()
+    in_graph.last = graph  # for a test that replays it again over new inputs
     return out
 
 
@@ -685,6 +686,51 @@ def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name):
         assert (got.float() - want).abs().max().item() <= 2e-2 * want.abs().max().item(), rows
         assert torch.equal(got[0], alone[0]), rows
     assert torch.equal(in_graph(lambda: invariant_gemm.gemm_fp8(x[:32], q, *scales))[0], alone[0])
+
+
+def test_last_sum_gives_the_second_launchs_bits_eager_and_in_graph_replays():
+    """0950: every chunked product of Air's layer (0380 in bfloat16, the router's float32 logits,
+    0810 in float8) at 1-256 rows gives the bits of the parts added by a second launch when each
+    tile's last program adds them, run three times in a row and replayed from a CUDA graph over
+    new inputs (the tiles' counters back at zero after each launch)."""
+    from transformers._pb.ops import invariant_gemm
+
+    from patchbay.device.gpu_fp8 import DENSE, fp8_scales
+    from patchbay.runtime import fp8
+
+    cases = []
+    for name, (n, k, has_bias, dtype) in GEMMS.items():
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        w = (torch.randn((n, k), generator=gen, device="cuda") * 0.02).to(dtype)
+        bias = (torch.randn((n,), generator=gen, device="cuda") * 0.02).to(dtype) if has_bias else None
+        cases.append((name, k, dtype, lambda x, w=w, bias=bias: invariant_gemm.gemm(x, w.t(), bias)))
+    for name in ("k_proj", "o_proj", "dense down"):
+        n, k = DENSE[name]
+        gen = torch.Generator(device="cuda").manual_seed(n + k)
+        q, grid = fp8.quantize((torch.randn((n, k), generator=gen, device="cuda") * 0.02).bfloat16())
+        scales = fp8_scales(grid, n, fp8.BLOCK, "cuda")
+        cases.append((f"fp8 {name}", k, torch.bfloat16,
+                      lambda x, q=q, scales=scales: invariant_gemm.gemm_fp8(x, q, *scales)))
+    try:
+        for name, k, dtype, run in cases:
+            gen = torch.Generator(device="cuda").manual_seed(k)
+            for rows in (1, 8, 64, 128, 256):
+                xs = [torch.randn((rows, k), generator=gen, device="cuda").to(dtype) for _ in range(3)]
+                invariant_gemm.LAST_SUM = False
+                want = [run(x) for x in xs]
+                invariant_gemm.LAST_SUM = True
+                for _ in range(3):
+                    assert torch.equal(run(xs[0]), want[0]), (name, rows)
+                static = xs[0].clone()
+                out = in_graph(lambda: run(static))
+                for x, expected in zip(xs[1:] + xs[:1], want[1:] + want[:1]):
+                    static.copy_(x)
+                    in_graph.last.replay()
+                    torch.cuda.synchronize()
+                    assert torch.equal(out, expected), (name, rows)
+    finally:
+        invariant_gemm.LAST_SUM = False
+    assert all(int(c.abs().sum()) == 0 for c in invariant_gemm._counters.values())
 
 
 def test_fp8_experts_give_a_token_the_same_bits_in_steps_of_every_size():

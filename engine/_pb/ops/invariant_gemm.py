@@ -29,6 +29,12 @@ logits (0310's router, `router_logits`) are summed from its bfloat16 operands in
 terms, exact in float32, on the tensor cores. Batched products (bmm) and the experts' grouped
 products are not touched.
 
+PB_GEMM_LAST_SUM (0950) adds a decode-sized product's chunk parts in the program of each output
+tile that stores its part last (an atomic count a tile), instead of a second launch
+(pb_gemm_sum) over them: the same parts added to zero in the same order, so the same bits, one
+launch less a chunked product (W76: 62 of a C1 step's 534 kernels on air12-fp8 were such sums).
+It applies to 0810's float8 products as well, with or without this module's registration.
+
 PB_GEMM_TMA (0410, on top of this knob) reads a prompt-sized product's operands (more than
 CHUNK_MAX_ROWS rows, half precision) through TMA descriptors: the same chunks and the same order
 of sums, so the same bits (W13 launch-sweep-5: 0.99-1.13 of cuBLAS at 8,192 rows, against
@@ -55,6 +61,9 @@ FP8_MIN_PROGRAMS = 264  # 0810: programs a one-row float8 product is cut into at
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _library = None  # torch.library.Library holding the registration while the knob is in force
 TMA = False  # set by at_load: PB_GEMM_TMA (0410) on as well
+LAST_SUM = False  # set by at_load: PB_GEMM_LAST_SUM (0950), for 0380's and 0810's chunked products
+COUNTERS = 1 << 16  # 0950: output tiles a chunked product may have for its last programs to add the parts
+_counters: dict = {}  # 0950: (device, stream) -> int32 [COUNTERS], zero between launches
 
 
 class Tiles(NamedTuple):
@@ -151,10 +160,14 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     bias_arg = out if bias is None else bias
     if chunks > 1 and m <= CHUNK_MAX_ROWS:
         parts = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device)
+        counters = tile_counters(a.device, tiles_m * tiles_n)
         kernel.pb_gemm_chunks[(tiles_m, tiles_n, chunks)](
-            a, b, parts, m, n, k, step, a.stride(0), a.stride(1), b.stride(0), b.stride(1), BLOCK_M=t.m,
-            BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision, num_warps=t.warps, num_stages=t.stages)
-        _sum_parts(parts, bias, out, t.n)
+            a, b, parts, parts if counters is None else counters, bias_arg, out, m, n, k, step, a.stride(0),
+            a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), HAS_BIAS=bias is not None,
+            LAST_SUM=counters is not None, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=t.k, PRECISION=precision,
+            num_warps=t.warps, num_stages=t.stages)
+        if counters is None:
+            _sum_parts(parts, bias, out, t.n)
     elif TMA and (fast := tma_tiles(m, n, chunks > 1)) and step % fast.k == 0 and (
             descriptors := _descriptors(a, b, fast)):
         kernel.pb_gemm_tma[(-(-m // fast.m) * -(-n // fast.n),)](
@@ -223,16 +236,34 @@ def gemm_fp8(a: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, grid_row
     if m == 0 or n == 0:
         return out
     t = fp8_tiles(m)
+    tiles_n, tiles_m = -(-n // t.n), -(-m // t.m)
     split = chunks > 1 and m <= CHUNK_MAX_ROWS
-    target = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device) if split else out
-    kernels("invariant_gemm").pb_gemm_fp8[(-(-n // t.n), -(-m // t.m), chunks if split else 1)](
-        a, weight, grid, grid_rows, out if bias is None else bias, target, m, n, k, step, k_offset, a.stride(0),
-        weight.stride(0), out.stride(0), out.stride(1), grid.stride(0), grid.stride(1), HAS_BIAS=bias is not None,
-        SPLIT=split, SCALE_K=scale_k, BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=dot_precision(a),
-        num_warps=t.warps, num_stages=t.stages)
-    if split:
-        _sum_parts(target, bias, out, t.n)
+    parts = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device) if split else out
+    counters = tile_counters(a.device, tiles_m * tiles_n) if split else None
+    kernels("invariant_gemm").pb_gemm_fp8[(tiles_n, tiles_m, chunks if split else 1)](
+        a, weight, grid, grid_rows, out if bias is None else bias, out, parts, parts if counters is None else counters,
+        m, n, k, step, k_offset, a.stride(0), weight.stride(0), out.stride(0), out.stride(1), grid.stride(0),
+        grid.stride(1), HAS_BIAS=bias is not None, SPLIT=split, LAST_SUM=counters is not None, SCALE_K=scale_k,
+        BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=dot_precision(a), num_warps=t.warps, num_stages=t.stages)
+    if split and counters is None:
+        _sum_parts(parts, bias, out, t.n)
     return out
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """PB_GEMM_LAST_SUM (0950): the int32 counts of the parts each output tile of a chunked
+    product has stored, zero between launches (each launch's last program of a tile sets its
+    count back), one buffer a device and stream (a stream's launches run one after another).
+    None without the knob, or for more tiles than the buffer holds: then pb_gemm_sum adds the
+    parts in a second launch. The buffer is made at a stream's first chunked product; the engine
+    runs eager steps before it captures graphs, so a graph replays with the same buffer."""
+    if not LAST_SUM or tiles > COUNTERS:
+        return None
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _counters.get(key)
+    if counters is None:
+        counters = _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return counters
 
 
 def router_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -266,8 +297,12 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta=1, alpha=1
 
 def at_load() -> None:
     """The model-load hook: with the knob on, torch's mm and addmm become the kernels above."""
-    global _library, TMA
+    global _library, TMA, LAST_SUM
     restore()
+    LAST_SUM = TRITON and bool(knobs.get("PB_GEMM_LAST_SUM"))
+    if LAST_SUM:
+        sys.stderr.write("patchbay: PB_GEMM_LAST_SUM: a chunked product's parts are added by each tile's last "
+                         "program, without a second launch\n")
     if not on():
         return
     if not TRITON:
@@ -287,8 +322,8 @@ def at_load() -> None:
 
 def restore() -> None:
     """torch's own mm and addmm again (for in-process A/Bs and tests)."""
-    global _library, TMA
-    TMA = False
+    global _library, TMA, LAST_SUM
+    TMA = LAST_SUM = False
     if _library is not None:
         _library._destroy()
         _library = None

@@ -174,10 +174,6 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
     scale = float(scaling if scaling is not None else dim ** -0.5)
     strides = (query.stride(2), query.stride(1), key.stride(2), key.stride(1), value.stride(2), value.stride(1),
                out.stride(1), out.stride(2))
-    # sequences of more than one query token: blocks of BLOCK_M rows, counted over the step in order
-    lengths = cu_q[1:] - cu_q[:-1]
-    blocks = torch.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0)
-    block_end = torch.cumsum(blocks, 0).to(torch.int32)
     indexed = index is not None
     index = index if indexed else cu_k  # unread without INDEXED
     fp8 = scales is not None
@@ -190,7 +186,7 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
         prompt_strides = strides[:2] + tuple(t.stride(d) for t in prompt_kv for d in (2, 1)) + strides[6:]
     descriptors = _descriptors(*prompt_kv) if fast else None
     kernel.pb_varlen_attention[(heads, prompt_programs(tokens, sequences))](
-        query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, block_end, sequences, scale,
+        query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, sequences, scale,
         *prompt_strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
         INDEXED=indexed and not fp8, TURNS=GRID, num_warps=WARPS)

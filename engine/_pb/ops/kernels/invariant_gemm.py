@@ -69,10 +69,39 @@ def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride
     finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stride_on, HAS_BIAS)
 
 
+@triton.jit
+def parts_total(part_ptr, offsets, mask, chunks, chunk_elems):
+    """The chunks' float32 sums at `offsets` of each chunk's [M, N] part, added to zero in chunk
+    order (as pb_gemm adds them). Read past the SM's cache (".cg"): in a LAST_SUM program the
+    other programs' parts were written since this kernel began."""
+    total = tl.zeros(offsets.shape, dtype=tl.float32)
+    for chunk in range(0, chunks):
+        total += tl.load(part_ptr + chunk * chunk_elems + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def last_of_tile(counter_ptr, tile, chunks):
+    """PB_GEMM_LAST_SUM (0950): count this program's part of output tile `tile` as stored, once
+    every thread of the program has stored its share, and tell whether it was the tile's last
+    part. The count is an acquire-release atomic: the last program sees every part the others
+    stored. The last sets the count back to zero for the next launch (launches on one stream do
+    not overlap)."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    last = seen == chunks - 1
+    if last:
+        tl.store(counter_ptr + tile, 0)
+    return last
+
+
 @triton.jit(do_not_specialize=["M"])
-def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
+def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, counter_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride_ak,
+                   stride_bk, stride_bn, stride_om, stride_on, HAS_BIAS: tl.constexpr, LAST_SUM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """One program a (row tile, column tile, chunk): that chunk's float32 sum into part[chunk]."""
+    """One program a (row tile, column tile, chunk): that chunk's float32 sum into part[chunk].
+    LAST_SUM (0950): the tile's last program to finish adds the parts as pb_gemm_sum does and
+    stores the output, so no second launch runs."""
     tile_m, tile_n, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tile_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -81,7 +110,12 @@ def pb_gemm_chunks(a_ptr, b_ptr, part_ptr, M, N, K, CHUNK_K, stride_am, stride_a
     k_stop = tl.minimum(k_start + CHUNK_K, K)
     acc = chunk_sum(a_ptr, b_ptr, rows, cols, row_ok, col_ok, k_start, k_stop, stride_am, stride_ak, stride_bk,
                     stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-    tl.store(part_ptr + (chunk * M + rows[:, None]) * N + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+    offsets, mask = rows[:, None] * N + cols[None, :], row_ok[:, None] & col_ok[None, :]
+    tl.store(part_ptr + chunk * M * N + offsets, acc, mask=mask)
+    if LAST_SUM:
+        if last_of_tile(counter_ptr, tile_m * tl.num_programs(1) + tile_n, tl.num_programs(2)):
+            total = parts_total(part_ptr, offsets, mask, tl.num_programs(2), M * N)
+            finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stride_on, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -92,10 +126,7 @@ def pb_gemm_sum(part_ptr, bias_ptr, out_ptr, M, N, chunks, stride_om, stride_on,
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tile_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     row_ok, col_ok = rows < M, cols < N
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for chunk in range(0, chunks):
-        total += tl.load(part_ptr + (chunk * M + rows[:, None]) * N + cols[None, :],
-                         mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    total = parts_total(part_ptr, rows[:, None] * N + cols[None, :], row_ok[:, None] & col_ok[None, :], chunks, M * N)
     finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stride_on, HAS_BIAS)
 
 
@@ -133,28 +164,38 @@ def pb_gemm_tma(a_desc, w_desc, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_om, 
 
 
 @triton.jit(do_not_specialize=["M"])
-def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, k_offset, stride_am, stride_wn,
-                stride_om, stride_on, stride_sn, stride_sk, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PRECISION: tl.constexpr):
+def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, CHUNK_K, k_offset,
+                stride_am, stride_wn, stride_om, stride_on, stride_sn, stride_sk, HAS_BIAS: tl.constexpr,
+                SPLIT: tl.constexpr, LAST_SUM: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """0810: A [M, K] @ W'^T, W [N, K] float8 and W' its expansion with the scale grid s (the grid
     row of each of W's rows at s_rows, the grid column of k at (k + k_offset) // SCALE_K), summed
     in pb_gemm's chunks, each chunk as the transposed tile [BLOCK_N weight rows, BLOCK_M rows]
     (fp8_tiles.expanded_sum). SPLIT: one program a (column tile, row tile, chunk), its float32 sum
-    into out_ptr's parts [chunks, M, N] for pb_gemm_sum; else one program a tile adds its chunks
-    to zero in order, as pb_gemm_sum does, adds the bias and stores."""
+    into the parts [chunks, M, N] at part_ptr for pb_gemm_sum (LAST_SUM, 0950: the tile's last
+    program adds them, as pb_gemm_chunks' does); else one program a tile adds its chunks to zero
+    in order, as pb_gemm_sum does, adds the bias and stores."""
     tile_n, tile_m = tl.program_id(0), tl.program_id(1)
     cols = (tile_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     col_ok, row_ok = cols < N, rows < M
     s_rows = tl.load(s_rows_ptr + cols, mask=col_ok, other=0).to(tl.int64)
+    mask = row_ok[None, :] & col_ok[:, None]
     if SPLIT:
         chunk = tl.program_id(2)
         k_start = chunk * CHUNK_K
         part = fp8_tiles.expanded_sum(w_ptr, a_ptr, s_ptr, cols, col_ok, s_rows, rows, row_ok, k_start,
                                       tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am, stride_sn,
                                       stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
-        tl.store(out_ptr + (chunk * M + rows[None, :]) * N + cols[:, None], part, mask=row_ok[None, :] & col_ok[:, None])
+        offsets = rows[None, :] * N + cols[:, None]
+        tl.store(part_ptr + chunk * M * N + offsets, part, mask=mask)
+        if LAST_SUM:
+            if last_of_tile(counter_ptr, tile_m * tl.num_programs(0) + tile_n, tl.num_programs(2)):
+                total = parts_total(part_ptr, offsets, mask, tl.num_programs(2), M * N)
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+                tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
+                         total.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k_start in range(0, K, CHUNK_K):
@@ -164,4 +205,4 @@ def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, M, N, K, CHU
         if HAS_BIAS:
             total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on, total.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[None, :] & col_ok[:, None])
+                 mask=mask)

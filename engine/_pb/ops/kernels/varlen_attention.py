@@ -159,21 +159,48 @@ def attend(q, k_ptr, v_ptr, k_desc, v_desc, ks_ptr, vs_ptr, stride_st, idx_ptr, 
 
 
 @triton.jit
-def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr, head,
+def query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The query blocks of the sequences first_seq ... first_seq + SEQ_P2 - 1 (int32; none past
+    `sequences`, none for a sequence of one query token, which the decode kernels take), and
+    which of them exist."""
+    seq_ids = first_seq + tl.arange(0, SEQ_P2)
+    ok = seq_ids < sequences
+    lengths = tl.load(cu_q_ptr + seq_ids + 1, mask=ok, other=0) - tl.load(cu_q_ptr + seq_ids, mask=ok, other=0)
+    return tl.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0).to(tl.int32), ok
+
+
+@triton.jit
+def step_blocks(cu_q_ptr, sequences, SEQ_P2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The query blocks of the whole step."""
+    total = tl.zeros((), dtype=tl.int32)
+    for first_seq in range(0, sequences, SEQ_P2):
+        blocks, _ = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
+        total += tl.sum(blocks, axis=0)
+    return total
+
+
+@triton.jit
+def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, head,
                  sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
                  stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
     """The step's query block number `pid` (blocks numbered over the sequences in order) for one
     head; nothing where the step has fewer blocks."""
     # the sequence this query block belongs to: how many sequences' blocks end at or before it,
-    # counted SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2)
+    # counted SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2), each
+    # chunk's ends a running sum of its sequences' blocks from the chunks' before it; `before`
+    # counts the blocks of the sequences that end at or before it (those before `seq`)
     seq = tl.zeros((), dtype=tl.int32)
+    before = tl.zeros((), dtype=tl.int32)
+    start = tl.zeros((), dtype=tl.int32)
     for first_seq in range(0, sequences, SEQ_P2):
-        seq_ids = first_seq + tl.arange(0, SEQ_P2)
-        ends = tl.load(block_end_ptr + seq_ids, mask=seq_ids < sequences, other=2147483647)
-        seq += tl.sum((ends <= pid).to(tl.int32), axis=0)
+        blocks, ok = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
+        done = ((start + tl.cumsum(blocks, axis=0)) <= pid) & ok
+        seq += tl.sum(done.to(tl.int32), axis=0)
+        before += tl.sum(tl.where(done, blocks, 0), axis=0)
+        start += tl.sum(blocks, axis=0)
     if seq < sequences:
-        block = pid - tl.load(block_end_ptr + seq - 1, mask=seq > 0, other=0)
+        block = pid - before
         q_start = tl.load(cu_q_ptr + seq)
         q_len = tl.load(cu_q_ptr + seq + 1) - q_start
         k_start = tl.load(cu_k_ptr + seq)
@@ -195,30 +222,29 @@ def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_
 
 
 @triton.jit
-def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr,
-                        sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                        stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr,
-                        TURNS: tl.constexpr = False):
+def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, sequences, scale,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                        GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr, TURNS: tl.constexpr = False):
     """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
     of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
     head of the step's last block first, so the blocks with the most keys start early and the
     query heads sharing a KV head run side by side (their keys stay in cache). FAST (0400): keys and
     values through the TMA descriptors k_desc, v_desc (otherwise unused). TURNS (0940): the grid's
     second side is smaller than the step's blocks may be; its programs take the step's blocks
-    (their count read from block_end) in turn, in the same reverse order, each block as above."""
+    (their count summed from cu_q) in turn, in the same reverse order, each block as above."""
     head = tl.program_id(0)
     if TURNS:
-        total = tl.load(block_end_ptr + sequences - 1)
+        total = step_blocks(cu_q_ptr, sequences, SEQ_P2, BLOCK_M)
         for turn in range(tl.program_id(1), total, tl.num_programs(1)):
             prompt_block(total - 1 - turn, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr,
-                         block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                         stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST, INDEXED)
+                         head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                         stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST, INDEXED)
     else:
         prompt_block(tl.num_programs(1) - 1 - tl.program_id(1), q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr,
-                     cu_q_ptr, cu_k_ptr, block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt,
-                     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2,
-                     FAST, INDEXED)
+                     cu_q_ptr, cu_k_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh,
+                     stride_vt, stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST,
+                     INDEXED)
 
 
 @triton.jit
