@@ -151,12 +151,28 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
         if read_index.numel() == 0:  # a step of fresh prompts: each reads the rows it has just written
             read_index = write_index
     else:
-        k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
-        v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
+        _write_both(k_cache, v_cache, write_index, key[0].transpose(0, 1), value[0].transpose(0, 1))
     # TMA reads a key block as one run of rows: it must not cross a page
     whole_blocks = getattr(allocator, "tokens_per_page", 1) % BLOCK_N == 0
     return _attend(query, k_cache.transpose(0, 1).unsqueeze(0), v_cache.transpose(0, 1).unsqueeze(0), scaling,
                    kwargs["cu_seq_lens_q"], cu_k, read_index, fast=FAST and whole_blocks, scales=scales)
+
+
+def _write_both(k_cache: torch.Tensor, v_cache: torch.Tensor, index: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> None:
+    """0750: a step's new keys and values [tokens, KV heads, dim] into their cache rows `index`
+    ([rows, KV heads, dim] each), in one launch (pb_kv_write) where the kernels run, the bytes
+    upstream's two index_copy_ calls write; those calls elsewhere."""
+    if (not (keys.is_cuda or INTERPRET) or keys.shape[0] == 0 or keys.dtype != k_cache.dtype
+            or values.dtype != v_cache.dtype or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1
+            or keys.stride(2) != 1 or values.stride(2) != 1 or keys.shape[1:] != k_cache.shape[1:]):
+        k_cache.index_copy_(0, index, keys)
+        v_cache.index_copy_(0, index, values)
+        return
+    kernels("varlen_attention").pb_kv_write[(keys.shape[0],)](
+        keys, values, k_cache, v_cache, index, keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+        k_cache.stride(0), k_cache.stride(1), KV_HEADS=keys.shape[1], HEAD_DIM=keys.shape[2],
+        BLOCK_H=pow2(keys.shape[1]), num_warps=4)
 
 
 def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scales=None):

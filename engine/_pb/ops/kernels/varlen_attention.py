@@ -423,3 +423,20 @@ def pb_varlen_attention_decode_combine(out_ptr, acc_ptr, ml_ptr, cu_q_ptr, cu_k_
             head = tl.program_id(1)
             merge_parts(out_ptr, acc_ptr, ml_ptr, out_row, first_part, parts, tl.num_programs(1) // GROUPS,
                         head // GROUPS, head % GROUPS, stride_oh, GROUPS, HEAD_DIM, BLOCK_H, MAX_PARTS)
+
+
+@triton.jit
+def pb_kv_write(k_ptr, v_ptr, kc_ptr, vc_ptr, idx_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct,
+                stride_ch, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """PB_CACHE_READ (0750): one program a token copies its keys and its values [KV heads, dim] to
+    their cache rows index[token], the bytes two index_copy_ calls write."""
+    token = tl.program_id(0).to(tl.int64)
+    row = tl.load(idx_ptr + token).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, HEAD_DIM)
+    ok = (heads < KV_HEADS)[:, None]
+    cache = row * stride_ct + heads[:, None] * stride_ch + dims[None, :]
+    k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=ok)
+    v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=ok)
+    tl.store(kc_ptr + cache, k, mask=ok)
+    tl.store(vc_ptr + cache, v, mask=ok)
