@@ -309,6 +309,27 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
         varlen_attention.restore()
 
 
+@pytest.mark.parametrize("tokens", [1, 64, 2048])
+def test_cache_write_puts_index_copys_bytes_in_the_rows(tokens):
+    """0750: a step's new keys and values (views of the attention's [1, KV heads, tokens, dim], as
+    forward_from_cache passes them) written to shuffled cache rows in one launch: the bytes of
+    upstream's two index_copy_ calls, eager and replayed in a CUDA graph."""
+    from transformers._pb.ops import varlen_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    key, value = (torch.randn((1, KV_HEADS, tokens, HEAD_DIM), generator=gen, device="cuda").bfloat16()
+                  for _ in range(2))
+    index = torch.randperm(4096, generator=gen, device="cuda")[:tokens]
+    caches = [torch.randn((4096, KV_HEADS, HEAD_DIM), generator=gen, device="cuda").bfloat16() for _ in range(2)]
+    want = [c.clone().index_copy_(0, index, x[0].transpose(0, 1)) for c, x in zip(caches, (key, value))]
+    got = [c.clone() for c in caches]
+    varlen_attention._write_both(*got, index, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    replayed = [c.clone() for c in caches]
+    in_graph(lambda: varlen_attention._write_both(*replayed, index, key[0].transpose(0, 1), value[0].transpose(0, 1)))
+    assert all(torch.equal(g, w) for g, w in zip(replayed, want))
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["0400", "0740"])
 @pytest.mark.parametrize("seqs", [[(700, 1)] * 128, [(5, 20)] * 24 + [(900, 1)] * 40 + [(0, 300)],
                                   [(0, 8192)], [(3000, 1)] * 16 + [(2000, 2048)]])
