@@ -36,7 +36,7 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, aligned: list, warps
     return {"stores": len(re.findall(r"\bst\.global", ptx)), "stores_16b": len(re.findall(r"\bst\.global\S*\.v(4\.b32|8)", ptx)),
             "async_copies": len(re.findall(r"\bcp\.async\.", ptx)), "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
             "shared_bytes": kernel.metadata.shared, "values_a_thread": out_tile[0] * out_tile[1] // (32 * warps),
-            "atomics": re.findall(r"\batom\.[\w.]+", ptx)}
+            "atomics": re.findall(r"\batom\.[\w.]+", ptx), "conversions": len(re.findall(r"\bcvt\.", ptx))}
 
 
 gate_up, down = moe_kernels.pb_moe_gate_up, moe_kernels.pb_moe_down
@@ -76,34 +76,38 @@ report["invariant_gemm_prompt"] = compile_for_sm90(gemm_kernels.pb_gemm, gemm_si
                                                    (128, 128))
 # 0810's float8 kernels at a decode step's and a prompt's launch (Air's blocks: 128 deep)
 fp8_gemm_sig = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "s_rows_ptr": "*i32", "bias_ptr": "*bf16",
-                "out_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "CHUNK_K": "i32", "k_offset": "i32",
-                "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_on": "constexpr",
-                "stride_sn": "i32", "stride_sk": "constexpr", "HAS_BIAS": "constexpr", "SPLIT": "constexpr",
-                "LAST_SUM": "constexpr", "SCALE_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                "PRECISION": "constexpr"}
+                "out_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+                "CHUNK_K": "i32", "k_offset": "i32", "stride_am": "i32", "stride_wn": "i32", "stride_om": "i32",
+                "stride_on": "constexpr", "stride_sn": "i32", "stride_sk": "constexpr", "HAS_BIAS": "constexpr",
+                "SPLIT": "constexpr", "LAST_SUM": "constexpr", "SCALE_K": "constexpr", "BLOCK_M": "constexpr",
+                "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "PRECISION": "constexpr", "STEP_SCALE": "constexpr"}
 fp8_moe_sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "h_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
                "s_ptr": "*fp32", "s_rows_ptr": "*i32", "n_pairs": "i32", "top_k": "i32", "hidden": "i32",
                "inter": "i32", "k_offset": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32",
                "stride_h": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_sk": "constexpr",
-               "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr"}
+               "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr",
+                "STEP_SCALE": "constexpr"}
 fp8_down_sig = {"h_ptr": "*bf16", "w_ptr": "*fp8e4nv", "y_ptr": "*bf16", "rows_ptr": "*i32", "block_expert_ptr": "*i32",
                 "weights_ptr": "*fp32", "s_ptr": "*fp32", "s_rows_ptr": "*i32", "n_pairs": "i32", "hidden": "i32",
                 "inter": "i32", "k_offset": "i32", "stride_h": "i32", "stride_we": "i32", "stride_wn": "i32",
                 "stride_y": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_sk": "constexpr",
-                "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr"}
+                "SCALE_K": "constexpr", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "PRECISION": "constexpr",
+                "STEP_SCALE": "constexpr"}
 # the decode launch as a chunked product runs it with 0950 (its parts added by each tile's last program)
-for label, rows in (("decode", 16), ("large", 128), ("last_sum", 16)):
+# and with 0960 (each step's sum scaled, the weight widened by integer operations)
+for label, rows in (("decode", 16), ("large", 128), ("last_sum", 16), ("step_scale", 16)):
     tile = invariant_gemm.fp8_tiles(1 if label != "large" else 8192)
     split = label == "last_sum"
     report[f"fp8_gemm_{label}"] = compile_for_sm90(
         gemm_kernels.pb_gemm_fp8, fp8_gemm_sig,
         {"stride_on": 1, "stride_sk": 1, "HAS_BIAS": split, "SPLIT": split, "LAST_SUM": split, "SCALE_K": 128,
-         "BLOCK_M": tile.m, "BLOCK_N": tile.n, "BLOCK_K": 128, "PRECISION": "ieee"},
+         "BLOCK_M": tile.m, "BLOCK_N": tile.n, "BLOCK_K": 128, "PRECISION": "ieee",
+         "STEP_SCALE": label == "step_scale"},
         pointers(fp8_gemm_sig) + ["N", "K", "CHUNK_K", "stride_am", "stride_wn", "stride_om"], tile.warps, tile.stages,
         (tile.n, tile.m))
     moe_tile = invariant_gemm.fp8_tiles(rows)  # fused_moe._fp8_products' launch for blocks of `rows` pairs
     width, warps, stages = moe_tile.n, moe_tile.warps, moe_tile.stages
-    moe = {"SCALE_K": 128, "BM": rows, "BN": width, "BK": 128, "PRECISION": "ieee", "stride_sk": 1}
+    moe = {"SCALE_K": 128, "BM": rows, "BN": width, "BK": 128, "PRECISION": "ieee", "stride_sk": 1, "STEP_SCALE": False}
     report[f"fp8_moe_gate_up_{label}"] = compile_for_sm90(
         moe_kernels.pb_moe_gate_up_fp8, fp8_moe_sig, moe,
         pointers(fp8_moe_sig) + ["hidden", "inter", "stride_x", "stride_we", "stride_wn", "stride_h"], warps, stages,

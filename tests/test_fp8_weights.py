@@ -226,6 +226,69 @@ def test_gemm_expands_fp8_tiles_to_the_expanded_weights_sums(patched_engine):
     assert all(r["error"] < 1e-5 for r in out.values()), out
 
 
+STEP_SCALE_CODE = """
+import json, os, sys, torch
+from transformers._pb import knobs
+from transformers._pb.ops import common, fp8_weights, fused_moe, invariant_gemm
+invariant_gemm.at_load()  # the knob is on in this process's environment
+knobs.load()
+torch.manual_seed(4)
+out = {}
+# every e4m3 value but NaN, subnormals and both zeros included, in a 256 x 1,024 weight of 2 x 8 blocks
+codes = torch.arange(256, dtype=torch.int32)
+codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)
+q = codes[torch.randint(0, len(codes), (256, 1024))].view(torch.float8_e4m3fn)
+grid = torch.rand(2, 8) * 3 + 0.01
+rows = torch.arange(256)
+exact = fp8_weights.dequantize(q, grid, (128, 128), torch.float64, (rows, torch.arange(1024)))
+x = torch.randn(300, 1024)
+products = {}
+for on in (False, True):
+    common.FP8_STEP_SCALE = on
+    alone = invariant_gemm.gemm_fp8(x[:1], q, grid, (rows // 128).int(), 0, 128)
+    row = {}
+    for m in (1, 7, 300):
+        got = invariant_gemm.gemm_fp8(x[:m], q, grid, (rows // 128).int(), 0, 128).double()
+        want = x[:m].double() @ exact.t()
+        size = x[:m].double().abs() @ exact.abs().t() + 1
+        row[m] = {"alone": torch.equal(got[:1].float(), alone), "error": ((got - want).abs() / size).max().item()}
+    products[on] = got
+    out["on" if on else "off"] = row
+out["bits_differ"] = not torch.equal(products[False], products[True])  # the knob takes the other path
+# the knob's bound: a model whose scales reach 2 ** 7 keeps 0810's expansion
+class Holder(torch.nn.Module):
+    def __init__(self, top):
+        super().__init__()
+        grid = torch.full((2, 2), 0.5).index_fill_(0, torch.tensor([1]), top)
+        self.weight_scale_inv = torch.nn.Parameter(grid, requires_grad=False)
+checks = {}
+for top in (1.0, 127.5, 128.0, float("inf")):
+    fp8_weights._check_step_scale(Holder(top))
+    checks[str(top)] = common.FP8_STEP_SCALE
+out["in_force"] = checks
+fp8_weights.restore()
+out["restored"] = common.FP8_STEP_SCALE
+print(json.dumps(out))
+"""
+
+
+def test_step_scale_sums_the_unscaled_weight_and_keeps_a_rows_bits(patched_engine):
+    """0960: the float8 GEMM with each step's sum scaled (float32 activations under the interpreter,
+    every e4m3 value but NaN in the weight: subnormals, both zeros) stays within float32 rounding
+    of the product with the exact dequantized weight, as 0810's expansion does, and gives a row the
+    same bits alone and among 7 or 300 rows; the knob is in force only where every scale is below
+    2 ** 7."""
+    proc = engine_code(STEP_SCALE_CODE, patched_engine, timeout=900, PB_INVARIANT_GEMM="1", PB_FP8_WEIGHTS="1",
+                       PB_FP8_STEP_SCALE="1", TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode in ("off", "on"):
+        assert all(r["alone"] and r["error"] < 1e-6 for r in out[mode].values()), (mode, out[mode])
+    assert out["bits_differ"] is True
+    assert out["in_force"] == {"1.0": True, "127.5": True, "128.0": False, "inf": False}, out["in_force"]
+    assert out["restored"] is False
+
+
 def test_kernels_expand_fp8_tiles_to_the_twins_sums(patched_engine, trained_fp8):
     """With 0380's GEMM and 0220's experts kernels (under Triton's interpreter), the FP8 model reads
     float8 tiles in 0810's kernels, and its logits are the twin's under the bf16 kernels to the

@@ -683,12 +683,22 @@ def test_moe_one_path_runs_float32_experts_at_every_step_size():
             moe_one_path.restore()
 
 
+@pytest.fixture(params=[False, True], ids=["0810", "0960"])
+def step_scale(request):
+    """0810's float8 kernels as they expand the weight, and with 0960's step scales."""
+    from transformers._pb.ops import common
+
+    common.FP8_STEP_SCALE = request.param
+    yield request.param
+    common.FP8_STEP_SCALE = False
+
+
 @pytest.mark.parametrize("name", ["k_proj", "o_proj", "dense down", "q_proj"])
-def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name):
+def test_fp8_gemm_gives_a_row_the_same_bits_among_any_rows(name, step_scale):
     """0810: the float8 GEMM with 128 x 128 block scales (Air's k_proj, o_proj and the dense MLP's
     down, 85.5 blocks deep, in chunks; q_proj, wide enough for one chunk) gives a row the same bits
     among 1 ... 8192 rows and inside a CUDA graph, near the product with the dequantized twin (not
-    its bits: the transposed tiles sum in another order)."""
+    its bits: the transposed tiles sum in another order); with 0960's step scales as well."""
     from transformers._pb.ops import invariant_gemm
 
     from patchbay.device.gpu_fp8 import DENSE, fp8_scales
@@ -754,9 +764,10 @@ def test_last_sum_gives_the_second_launchs_bits_eager_and_in_graph_replays():
     assert all(int(c.abs().sum()) == 0 for c in invariant_gemm._counters.values())
 
 
-def test_fp8_experts_give_a_token_the_same_bits_in_steps_of_every_size():
+def test_fp8_experts_give_a_token_the_same_bits_in_steps_of_every_size(step_scale):
     """0810: 0220's kernels on Air's routed experts in float8 give a token the same bits in steps of
-    1 to 8,192 tokens (0390's large-step path included) and inside a CUDA graph, near the twin."""
+    1 to 8,192 tokens (0390's large-step path included) and inside a CUDA graph, near the twin;
+    with 0960's step scales as well."""
     from transformers._pb.ops import fused_moe, moe_one_path
 
     from patchbay.device.gpu_fp8 import _experts

@@ -31,6 +31,19 @@ def fp8_depth(scale_k: int, *starts: int) -> int | None:
     return None
 
 
+FP8_STEP_SCALE = False  # set by fp8_weights: PB_FP8_STEP_SCALE (0960) on, and every loaded scale below 2 ** 7
+FP8_STEP_SCALE_MAX = 2.0 ** 7  # 0960: a scale times 2 ** 120 stays finite in float32 below this
+
+
+def fp8_step_scale(x) -> bool:
+    """0960: whether the float8 kernels scale each step's sum rather than each weight element, for
+    activations x: the knob in force and x bfloat16 or float32 (the dtypes e4m3's bits widen to
+    exactly, fp8_tiles.unscaled)."""
+    import torch
+
+    return FP8_STEP_SCALE and x.dtype in (torch.bfloat16, torch.float32)
+
+
 def dot_precision(x) -> str:
     """tl.dot's input_precision for operands of x's dtype: IEEE float32 unless torch allows TF32
     for matmuls (half-precision operands ignore it)."""

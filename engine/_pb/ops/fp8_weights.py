@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import knobs
+from . import common
 from .common import INTERPRET
 
 # The experts implementations this module serves for FP8 experts, each through the bf16
@@ -150,6 +151,25 @@ def after_load(model) -> None:
     if shards:
         sys.stderr.write(f"patchbay: PB_FP8_WEIGHTS: {shards} FP8 weights are tensor-parallel shards, each "
                          "reading the whole scale grid at its global rows and columns\n")
+    _check_step_scale(model)
+
+
+def _check_step_scale(model) -> None:
+    """0960: PB_FP8_STEP_SCALE in force only where every block scale of the model, times 2 ** 120,
+    stays finite in float32 (below common.FP8_STEP_SCALE_MAX: a block whose largest magnitude is
+    under 448 * 128); otherwise the weights are expanded as without the knob, and the log says why."""
+    common.FP8_STEP_SCALE = False
+    if not knobs.get("PB_FP8_STEP_SCALE"):
+        return
+    for name in block_scales(model):
+        top = float(_local(model.get_parameter(name)).detach().abs().max())
+        if not top < common.FP8_STEP_SCALE_MAX:
+            sys.stderr.write(f"patchbay: PB_FP8_STEP_SCALE: not in force: {name} holds a scale of {top:g}, and the "
+                             f"kernels take scales below {common.FP8_STEP_SCALE_MAX:g} only\n")
+            return
+    common.FP8_STEP_SCALE = True
+    sys.stderr.write("patchbay: PB_FP8_STEP_SCALE: float8 products sum each 128-column step of the unscaled weight, "
+                     "then scale it\n")
 
 
 def _kernels(x: torch.Tensor) -> bool:
@@ -320,7 +340,7 @@ def at_load() -> None:
 
 def restore() -> None:
     global ENABLED
-    ENABLED = False
+    ENABLED = common.FP8_STEP_SCALE = False
     if not _saved:
         return
     from ...integrations import finegrained_fp8 as fp8

@@ -30,7 +30,7 @@ import torch
 
 from . import stable_launch
 from .. import knobs
-from .common import INTERPRET, dot_precision, fp8_depth, kernels, pow2
+from .common import INTERPRET, dot_precision, fp8_depth, fp8_step_scale, kernels, pow2
 
 NAME = "pb_triton"
 BLOCK_M = 16
@@ -258,12 +258,14 @@ def _fp8_products(fp8: dict, x, w_gu, w_d, h, y, rows, block_expert, weights, to
     kernel.pb_moe_gate_up_fp8[(blocks, -(-inter // width))](
         x, w_gu, h, rows, block_expert, grid, grid_rows, n_pairs, top_k, hidden, inter, k_offset, x.stride(0),
         w_gu.stride(0), w_gu.stride(1), h.stride(0), *grid.stride(), SCALE_K=scale_k, BM=block_m, BN=width,
-        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, num_warps=warps, num_stages=stages)
+        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, STEP_SCALE=fp8_step_scale(x), num_warps=warps,
+        num_stages=stages)
     grid, grid_rows, k_offset, scale_k = fp8["down"]
     kernel.pb_moe_down_fp8[(blocks, -(-hidden // width))](
         h, w_d, y, rows, block_expert, weights, grid, grid_rows, n_pairs, hidden, inter, k_offset, h.stride(0),
         w_d.stride(0), w_d.stride(1), y.stride(0), *grid.stride(), SCALE_K=scale_k, BM=block_m, BN=width,
-        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, num_warps=warps, num_stages=stages)
+        BK=fp8_depth(scale_k, k_offset), PRECISION=precision, STEP_SCALE=fp8_step_scale(h), num_warps=warps,
+        num_stages=stages)
 
 
 def register() -> None:

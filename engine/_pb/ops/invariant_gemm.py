@@ -48,7 +48,7 @@ import torch
 
 from .. import knobs
 from . import tma
-from .common import INTERPRET, TRITON, dot_precision, fp8_depth, kernels
+from .common import INTERPRET, TRITON, dot_precision, fp8_depth, fp8_step_scale, kernels
 CHUNK_UNIT = 64  # a chunk's length is a multiple of this (and every launch's BLOCK_K divides it)
 LONG_K = 4096  # a weight's K is cut into chunks of at most this ...
 CHUNK_TILE_N = 32  # ... and into more when its columns, in tiles of this, ...
@@ -244,7 +244,8 @@ def gemm_fp8(a: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, grid_row
         a, weight, grid, grid_rows, out if bias is None else bias, out, parts, parts if counters is None else counters,
         m, n, k, step, k_offset, a.stride(0), weight.stride(0), out.stride(0), out.stride(1), grid.stride(0),
         grid.stride(1), HAS_BIAS=bias is not None, SPLIT=split, LAST_SUM=counters is not None, SCALE_K=scale_k,
-        BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=dot_precision(a), num_warps=t.warps, num_stages=t.stages)
+        BLOCK_M=t.m, BLOCK_N=t.n, BLOCK_K=depth, PRECISION=dot_precision(a), STEP_SCALE=fp8_step_scale(a),
+        num_warps=t.warps, num_stages=t.stages)
     if split and counters is None:
         _sum_parts(parts, bias, out, t.n)
     return out

@@ -5,7 +5,7 @@ on the twin; each captured in a CUDA graph and replayed, timed against the HBM r
 bytes it must read, and its FP8 result compared with the twin's (bits, and the largest
 difference: the sums' order alone may differ, so a larger one fails the job).
 
-    python -m patchbay.device fp8 --out DIR [--tokens 1,8,32,256] [--iters 50]
+    python -m patchbay.device fp8 --out DIR [--tokens 1,8,32,256] [--iters 50] [--step-scale]
                                               (on the GPU machine, through scripts/gpu-run.sh)
     python -m patchbay.device fp8 table DIR/fp8.json                 (its Markdown table)
 """
@@ -175,9 +175,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", default="1,8,32,256")
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--step-scale", action="store_true",
+                   help="0960: the float8 kernels scale each step's sum instead of each weight element")
     args = p.parse_args(argv)
     import torch
-    from transformers._pb.ops import moe_one_path
+    from transformers._pb.ops import common, moe_one_path
 
     from ..runtime.synth import air12_config
 
@@ -187,6 +189,7 @@ def main(argv: list[str]) -> int:
     bandwidth = hbm_bytes_s(gpu)
     token_counts = [int(t) for t in args.tokens.split(",")]
     moe_one_path.ENABLED = True  # as the production set runs the experts
+    common.FP8_STEP_SCALE = args.step_scale
     rows = []
     try:
         with torch.no_grad():
@@ -200,7 +203,8 @@ def main(argv: list[str]) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         moe_one_path.restore()
-    result = {"device": gpu, "bytes_s": bandwidth, "iters": args.iters, "rows": rows}
+        common.FP8_STEP_SCALE = False
+    result = {"device": gpu, "bytes_s": bandwidth, "iters": args.iters, "step_scale": args.step_scale, "rows": rows}
     (out / "fp8.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(render(result))
     sys.stdout.write(render(result))

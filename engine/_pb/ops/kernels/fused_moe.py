@@ -188,9 +188,10 @@ def pb_moe_down(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, n_
 def pb_moe_gate_up_fp8(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, s_ptr, s_rows_ptr, n_pairs, top_k, hidden,
                        inter, k_offset, stride_x, stride_we, stride_wn, stride_h, stride_se, stride_sn, stride_sk,
                        SCALE_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, STEP_SCALE: tl.constexpr = False):
     # 0810: pb_moe_gate_up on float8 weights, each expanded with its block's scale
     # s[expert, s_rows[row], (k + k_offset) // SCALE_K], as transposed tiles [BN columns, BM pairs]
+    # (STEP_SCALE, 0960: each step's sum scaled instead, fp8_tiles.expanded_sum)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -206,10 +207,11 @@ def pb_moe_gate_up_fp8(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, s_ptr, s
     s_base = s_ptr + expert.to(tl.int64) * stride_se
     acc_g = fp8_tiles.expanded_sum(w_base, x_ptr, s_base, gate, n_ok, tl.load(s_rows_ptr + gate).to(tl.int64),
                                    tokens, valid, 0, hidden, k_offset, stride_wn, stride_x, stride_sn, stride_sk,
-                                   SCALE_K, BN, BM, BK, PRECISION)
+                                   SCALE_K, BN, BM, BK, PRECISION, STEP_SCALE)
     acc_u = fp8_tiles.expanded_sum(w_base, x_ptr, s_base, gate + inter, n_ok,
                                    tl.load(s_rows_ptr + gate + inter).to(tl.int64), tokens, valid, 0, hidden,
-                                   k_offset, stride_wn, stride_x, stride_sn, stride_sk, SCALE_K, BN, BM, BK, PRECISION)
+                                   k_offset, stride_wn, stride_x, stride_sn, stride_sk, SCALE_K, BN, BM, BK, PRECISION,
+                                   STEP_SCALE)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(h_ptr + pairs[None, :].to(tl.int64) * stride_h + cols[:, None], h.to(h_ptr.dtype.element_ty),
              mask=valid[None, :] & n_ok[:, None])
@@ -219,7 +221,7 @@ def pb_moe_gate_up_fp8(x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr, s_ptr, s
 def pb_moe_down_fp8(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr, s_ptr, s_rows_ptr, n_pairs, hidden,
                     inter, k_offset, stride_h, stride_we, stride_wn, stride_y, stride_se, stride_sn, stride_sk,
                     SCALE_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    PRECISION: tl.constexpr, STEP_SCALE: tl.constexpr = False):
     # 0810: pb_moe_down on float8 weights, expanded as in pb_moe_gate_up_fp8
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -235,7 +237,7 @@ def pb_moe_down_fp8(h_ptr, w_ptr, y_ptr, rows_ptr, block_expert_ptr, weights_ptr
     acc = fp8_tiles.expanded_sum(w_ptr + expert.to(tl.int64) * stride_we, h_ptr, s_ptr + expert.to(tl.int64) * stride_se,
                                  out_rows, n_ok, tl.load(s_rows_ptr + out_rows).to(tl.int64), safe.to(tl.int64), valid,
                                  0, inter, k_offset, stride_wn, stride_h, stride_sn, stride_sk, SCALE_K, BN, BM, BK,
-                                 PRECISION)
+                                 PRECISION, STEP_SCALE)
     weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[None, :]
     tl.store(y_ptr + pairs[None, :].to(tl.int64) * stride_y + cols[:, None], acc.to(y_ptr.dtype.element_ty),

@@ -167,14 +167,15 @@ def pb_gemm_tma(a_desc, w_desc, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_om, 
 def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, CHUNK_K, k_offset,
                 stride_am, stride_wn, stride_om, stride_on, stride_sn, stride_sk, HAS_BIAS: tl.constexpr,
                 SPLIT: tl.constexpr, LAST_SUM: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STEP_SCALE: tl.constexpr):
     """0810: A [M, K] @ W'^T, W [N, K] float8 and W' its expansion with the scale grid s (the grid
     row of each of W's rows at s_rows, the grid column of k at (k + k_offset) // SCALE_K), summed
     in pb_gemm's chunks, each chunk as the transposed tile [BLOCK_N weight rows, BLOCK_M rows]
     (fp8_tiles.expanded_sum). SPLIT: one program a (column tile, row tile, chunk), its float32 sum
     into the parts [chunks, M, N] at part_ptr for pb_gemm_sum (LAST_SUM, 0950: the tile's last
     program adds them, as pb_gemm_chunks' does); else one program a tile adds its chunks to zero
-    in order, as pb_gemm_sum does, adds the bias and stores."""
+    in order, as pb_gemm_sum does, adds the bias and stores. STEP_SCALE (0960): see
+    fp8_tiles.expanded_sum."""
     tile_n, tile_m = tl.program_id(0), tl.program_id(1)
     cols = (tile_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows = (tile_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -186,7 +187,7 @@ def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, co
         k_start = chunk * CHUNK_K
         part = fp8_tiles.expanded_sum(w_ptr, a_ptr, s_ptr, cols, col_ok, s_rows, rows, row_ok, k_start,
                                       tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am, stride_sn,
-                                      stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+                                      stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION, STEP_SCALE)
         offsets = rows[None, :] * N + cols[:, None]
         tl.store(part_ptr + chunk * M * N + offsets, part, mask=mask)
         if LAST_SUM:
@@ -201,7 +202,8 @@ def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, co
         for k_start in range(0, K, CHUNK_K):
             total += fp8_tiles.expanded_sum(w_ptr, a_ptr, s_ptr, cols, col_ok, s_rows, rows, row_ok, k_start,
                                             tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am,
-                                            stride_sn, stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+                                            stride_sn, stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION,
+                                            STEP_SCALE)
         if HAS_BIAS:
             total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on, total.to(out_ptr.dtype.element_ty),
