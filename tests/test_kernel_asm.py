@@ -52,3 +52,12 @@ def test_last_sum_counts_a_tiles_parts_with_one_acquire_release_atomic(asm):
     assert kernel["wgmma"] > 0 and kernel["async_copies"] > 0, kernel
     assert len(kernel["atomics"]) == 1 and "acq_rel" in kernel["atomics"][0] and ".add" in kernel["atomics"][0], kernel
     assert asm["fp8_gemm_decode"]["atomics"] == [], asm["fp8_gemm_decode"]
+
+
+def test_step_scale_widens_the_float8_weight_without_conversion_instructions(asm):
+    """0960: with each step's sum scaled, the float8 decode launch widens e4m3 to bfloat16 by
+    integer operations: far fewer conversion instructions than 0810's expansion (each element
+    converted to float32, scaled and rounded back), the same warp-group MMAs from pipelined loads."""
+    step, expanded = asm["fp8_gemm_step_scale"], asm["fp8_gemm_decode"]
+    assert step["wgmma"] > 0 and step["async_copies"] > 0 and step["stores"] > 0, step
+    assert step["conversions"] * 4 < expanded["conversions"], (step, expanded)
