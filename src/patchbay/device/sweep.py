@@ -160,14 +160,16 @@ def fp8_configs(tiles: str, programs: str, depths: str) -> list[dict]:
 
 def fp8(args, command: str) -> sweep.Results:
     import torch
+    from transformers._pb.ops import common
     from transformers._pb.ops import invariant_gemm as ig
 
     from ..runtime import fp8 as fp8_format
     from .gpu_fp8 import fp8_scales
 
     configs = fp8_configs(args.tiles, args.programs, args.depths)
-    results = sweep.Results(args.out, "fp8", {"command": command, "rows": args.rows,
+    results = sweep.Results(args.out, "fp8", {"command": command, "rows": args.rows, "step_scale": args.step_scale,
                                               "device": torch.cuda.get_device_name()})
+    common.FP8_STEP_SCALE = args.step_scale  # 0960 for every configuration, the engine's own included
     own_tiles, own_depth = ig.fp8_tiles, ig.fp8_depth
     row_tile = args.row_tile  # activation rows a program: 0 keeps the engine's (a row's bits do not depend on it)
 
@@ -271,6 +273,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--depths", default=FP8_DEPTHS, help="BLOCK_K values (default: %(default)s)")
     f.add_argument("--experts", action="store_true", help="also the routed experts (tile and depth)")
     f.add_argument("--row-tile", type=int, default=0, help="activation rows a program (default: the engine's)")
+    f.add_argument("--step-scale", action="store_true", help="0960's kernels: each step's sum scaled")
     m = sub.add_parser("moe", help="0390/0430's large-step MoE tiles")
     m.add_argument("out", type=Path)
     m.add_argument("--tokens", type=int, default=8192)
