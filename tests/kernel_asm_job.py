@@ -120,14 +120,22 @@ for label, rows in (("decode", 16), ("large", 128), ("last_sum", 16), ("step_sca
 # the step's own keys (0750 off: idx_ptr unread)
 attn_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": "*bf16",
             "v_desc": "*bf16", "idx_ptr": "*i32", "cu_q_ptr": "*i32",
-            "cu_k_ptr": "*i32", "sequences": "i32", "scale": "fp32", "stride_qt": "i32",
+            "cu_k_ptr": "*i32", "block_end_ptr": "*i32", "sequences": "i32", "scale": "fp32", "stride_qt": "i32",
             "stride_qh": "i32", "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32",
             "stride_ot": "i32", "stride_oh": "i32", "GROUPS": "constexpr", "HEAD_DIM": "constexpr",
             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SEQ_P2": "constexpr", "FAST": "constexpr",
-            "INDEXED": "constexpr", "TURNS": "constexpr"}
-report["varlen_attention_prompt"] = compile_for_sm90(
-    attention_kernels.pb_varlen_attention, attn_sig,
-    {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False, "INDEXED": False,
-     "TURNS": False},
-    pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
+            "INDEXED": "constexpr", "TURNS": "constexpr", "COUNT": "constexpr"}
+# and with 0950 (the step's blocks counted in the kernel, 0940's turns)
+for label, count in (("varlen_attention_prompt", False), ("varlen_attention_prompt_counted", True)):
+    report[label] = compile_for_sm90(
+        attention_kernels.pb_varlen_attention, attn_sig,
+        {"GROUPS": 12, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 128, "SEQ_P2": 16, "FAST": False, "INDEXED": False,
+         "TURNS": count, "COUNT": count},
+        pointers(attn_sig) + [name for name in attn_sig if name.startswith("stride_")], 8, 3, (128, 128))
+kv_sig = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "idx_ptr": "*i64",
+          "stride_kt": "i32", "stride_kh": "i32", "stride_vt": "i32", "stride_vh": "i32", "stride_ct": "i32",
+          "stride_ch": "i32", "KV_HEADS": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_H": "constexpr"}
+report["kv_write"] = compile_for_sm90(
+    attention_kernels.pb_kv_write, kv_sig, {"KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8},
+    pointers(kv_sig) + [name for name in kv_sig if name.startswith("stride_")], 4, 1, (8, 128))
 print(json.dumps(report))

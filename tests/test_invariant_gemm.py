@@ -89,7 +89,7 @@ def test_tiny_model_with_0370_gives_a_request_the_same_logprobs_alone_and_batche
 LAST_SUM_CODE = """
 import json, torch
 from transformers._pb.ops import invariant_gemm as ig
-ig.at_load()  # PB_GEMM_LAST_SUM is on in this process's environment
+ig.at_load()  # PB_FEWER_LAUNCHES is on in this process's environment
 out = {"at_load": ig.LAST_SUM}
 seconds = []  # the second launches (pb_gemm_sum) run
 sum_parts = ig._sum_parts
@@ -135,10 +135,10 @@ def test_last_sum_adds_the_parts_in_the_products_own_launch_with_the_same_bits(p
     second launch (pb_gemm_sum) they replace, for 0380's GEMM at 1-256 rows and 0810's float8
     GEMM, with no second launch run; launched twice in a row (the counters go back to zero); a
     product of more tiles than the counters hold keeps the second launch."""
-    proc = engine_code(LAST_SUM_CODE, patched_engine, timeout=900, PB_GEMM_LAST_SUM="1", TRITON_INTERPRET="1")
+    proc = engine_code(LAST_SUM_CODE, patched_engine, timeout=900, PB_FEWER_LAUNCHES="1", TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out.pop("at_load") is True and "PB_GEMM_LAST_SUM" in proc.stderr
+    assert out.pop("at_load") is True and "PB_FEWER_LAUNCHES" in proc.stderr
     assert out.pop("chunks")["gemm"] > 1 and all(out.pop("counters_zero")), out
     past = out.pop("past the counters")
     assert past == {"equal": True, "second_off": 1, "second_on": 2}, past

@@ -61,3 +61,12 @@ def test_step_scale_widens_the_float8_weight_without_conversion_instructions(asm
     step, expanded = asm["fp8_gemm_step_scale"], asm["fp8_gemm_decode"]
     assert step["wgmma"] > 0 and step["async_copies"] > 0 and step["stores"] > 0, step
     assert step["conversions"] * 4 < expanded["conversions"], (step, expanded)
+
+
+def test_fewer_launches_compile_their_counting_prompt_kernel_and_one_launch_cache_write(asm):
+    """0950: the prompt kernel counting the step's blocks from cu_q keeps its pipelined MMA loop and
+    16-byte stores; the cache write moves a token's keys and values in 16-byte stores."""
+    counted = asm["varlen_attention_prompt_counted"]
+    assert counted["async_copies"] > 0 and counted["wgmma"] > 0 and counted["stores"] == counted["stores_16b"] > 0
+    write = asm["kv_write"]
+    assert write["stores"] > 0 and write["stores_16b"] == write["stores"], write

@@ -311,9 +311,9 @@ def test_cache_read_gives_the_gathers_bits(seqs, fast, split):
 
 @pytest.mark.parametrize("tokens", [1, 64, 2048])
 def test_cache_write_puts_index_copys_bytes_in_the_rows(tokens):
-    """0750: a step's new keys and values (views of the attention's [1, KV heads, tokens, dim], as
-    forward_from_cache passes them) written to shuffled cache rows in one launch: the bytes of
-    upstream's two index_copy_ calls, eager and replayed in a CUDA graph."""
+    """0950 with 0750: a step's new keys and values (views of the attention's [1, KV heads, tokens,
+    dim], as forward_from_cache passes them) written to shuffled cache rows in one launch: the bytes
+    of upstream's two index_copy_ calls, eager and replayed in a CUDA graph."""
     from transformers._pb.ops import varlen_attention
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
@@ -336,7 +336,8 @@ def test_cache_write_puts_index_copys_bytes_in_the_rows(tokens):
 def test_attn_grid_gives_the_same_bits(seqs, split):
     """0940: the step's attention with the launches sized to the step (the prompt kernel's programs
     taking the blocks in turn, a program a row and KV head merging the parts) against 0370 / 0740's
-    launches, the keys read from shuffled pages (0750) and replayed in a CUDA graph: the same bits.
+    launches, the keys read from shuffled pages (0750) and replayed in a CUDA graph: the same bits;
+    with 0950's blocks counted in the prompt kernel as well.
     The second step has 27 query blocks and the sized grid 11 programs a head."""
     from transformers._pb.ops import varlen_attention
 
@@ -346,17 +347,17 @@ def test_attn_grid_gives_the_same_bits(seqs, split):
     paged = [c.transpose(0, 1).unsqueeze(0) for c in (cache_k, cache_v)]
     cu_q_t, cu_k_t = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     outs = {}
-    try:
-        for grid in (False, True):
+    try:  # 0370's launches, 0940's, and each with 0950's blocks counted in the kernel
+        for grid, fewer in ((False, False), (True, False), (False, True), (True, True)):
             varlen_attention.ENABLED, varlen_attention.FAST, varlen_attention.SPLIT = True, True, split
-            varlen_attention.GRID = grid
-            outs[grid] = varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t, index)
-            outs[grid, "graph"] = in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t,
-                                                                            cu_k_t, index))
+            varlen_attention.GRID, varlen_attention.FEWER = grid, fewer
+            outs[grid, fewer] = varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t, cu_k_t, index)
+            outs[grid, fewer, "graph"] = in_graph(lambda: varlen_attention._attend(q, *paged, HEAD_DIM ** -0.5, cu_q_t,
+                                                                                   cu_k_t, index))
     finally:
         varlen_attention.restore()
-    assert torch.equal(outs[True], outs[False])
-    assert torch.equal(outs[True, "graph"], outs[False])
+    for key, out in outs.items():
+        assert torch.equal(out, outs[False, False]), key
 
 
 def fp8_paged(seqs, k, v, gen):

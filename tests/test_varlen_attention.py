@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 KNOBS = {"0370": {}, "0400": {"PB_VARLEN_FAST": "1"},
          "0740+0750": {"PB_VARLEN_FAST": "1", "PB_SPLIT_DECODE": "1", "PB_CACHE_READ": "1", "PB_GRAPH_BUCKETS": "1",
-                       "PB_KV_SIZING": "1"}}
+                       "PB_KV_SIZING": "1", "PB_FEWER_LAUNCHES": "1"}}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,8 @@ def on(request, jobs):
     assert report["fast"] is fast and report["descriptors"] is fast, report
     assert report["split_on"] is ("PB_SPLIT_DECODE" in knobs), report
     assert report["read_cache_on"] is ("PB_CACHE_READ" in knobs), report
+    # 0950 with 0740+0750: the blocks counted in the prompt kernel, the cache written in one launch
+    assert report["fewer_on"] is ("PB_FEWER_LAUNCHES" in knobs), report
     return report
 
 

@@ -367,6 +367,7 @@ report = {"enabled": varlen_attention.ENABLED, "fast": varlen_attention.FAST,
           "random": random_steps(), "alone_vs_batched": alone_vs_batched(40, 70),
           "decode_alone_vs_batched": alone_vs_batched(150, 1), "stable_launch": stable_launch(),
           "split_on": varlen_attention.SPLIT, "read_cache_on": varlen_attention.READ_CACHE,
+          "fewer_on": varlen_attention.FEWER,
           "verify_rows": verify_rows(), "attn_grid": attn_grid()}
 if varlen_attention.SPLIT:
     report["split"] = split_decode()

@@ -29,7 +29,7 @@ logits (0310's router, `router_logits`) are summed from its bfloat16 operands in
 terms, exact in float32, on the tensor cores. Batched products (bmm) and the experts' grouped
 products are not touched.
 
-PB_GEMM_LAST_SUM (0950) adds a decode-sized product's chunk parts in the program of each output
+PB_FEWER_LAUNCHES (0950) adds a decode-sized product's chunk parts in the program of each output
 tile that stores its part last (an atomic count a tile), instead of a second launch
 (pb_gemm_sum) over them: the same parts added to zero in the same order, so the same bits, one
 launch less a chunked product (W76: 62 of a C1 step's 534 kernels on air12-fp8 were such sums).
@@ -61,7 +61,7 @@ FP8_MIN_PROGRAMS = 264  # 0810: programs a one-row float8 product is cut into at
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _library = None  # torch.library.Library holding the registration while the knob is in force
 TMA = False  # set by at_load: PB_GEMM_TMA (0410) on as well
-LAST_SUM = False  # set by at_load: PB_GEMM_LAST_SUM (0950), for 0380's and 0810's chunked products
+LAST_SUM = False  # set by at_load: PB_FEWER_LAUNCHES (0950), for 0380's and 0810's chunked products
 COUNTERS = 1 << 16  # 0950: output tiles a chunked product may have for its last programs to add the parts
 _counters: dict = {}  # 0950: (device, stream) -> int32 [COUNTERS], zero between launches
 
@@ -252,7 +252,7 @@ def gemm_fp8(a: torch.Tensor, weight: torch.Tensor, grid: torch.Tensor, grid_row
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """PB_GEMM_LAST_SUM (0950): the int32 counts of the parts each output tile of a chunked
+    """PB_FEWER_LAUNCHES (0950): the int32 counts of the parts each output tile of a chunked
     product has stored, zero between launches (each launch's last program of a tile sets its
     count back), one buffer a device and stream (a stream's launches run one after another).
     None without the knob, or for more tiles than the buffer holds: then pb_gemm_sum adds the
@@ -300,10 +300,11 @@ def at_load() -> None:
     """The model-load hook: with the knob on, torch's mm and addmm become the kernels above."""
     global _library, TMA, LAST_SUM
     restore()
-    LAST_SUM = TRITON and bool(knobs.get("PB_GEMM_LAST_SUM"))
+    LAST_SUM = TRITON and bool(knobs.get("PB_FEWER_LAUNCHES"))
     if LAST_SUM:
-        sys.stderr.write("patchbay: PB_GEMM_LAST_SUM: a chunked product's parts are added by each tile's last "
-                         "program, without a second launch\n")
+        sys.stderr.write("patchbay: PB_FEWER_LAUNCHES: a chunked product's parts are added by each tile's last "
+                         "program, the attention's blocks counted in its kernel, keys and values cached in one "
+                         "launch\n")
     if not on():
         return
     if not TRITON:

@@ -52,6 +52,11 @@ within a rounding of the bfloat16 kernels over the dequantized cache, not their 
 sequences dequantized by a gather first (kv_fp8.gather_prompts), which gives those bits; converting
 every element of their 128 x 128 blocks in the kernel made them 1.6-2.3 times slower on an H100.
 
+PB_FEWER_LAUNCHES (0950) drops small launches a layer: the prompt kernel counts the step's query
+blocks from cu_q itself (COUNT), where the host ran about nine torch launches a layer for them
+(lengths, blocks, their running sum, casts), and 0750's write of the step's keys and values is one
+launch (pb_kv_write) instead of two index_copy_ calls. The same blocks and bytes: the same bits.
+
 PB_ATTN_GRID (0940) sizes two launches to the step: the prompt kernel's programs, one a head for
 each BLOCK_M of the tokens plus GRID_EXTRA, take the step's query blocks in turn instead of one a
 block the step might hold (at a step of decode rows alone every such program found nothing), and
@@ -81,6 +86,7 @@ PART_BLOCKS, MAX_PARTS = 4, 64  # 0740: key blocks a decode row's part takes (ab
 PROGRAMS_PER_SM = 8  # 0740: the decode parts' programs, over the KV heads (any count gives the same bits)
 GRID = False  # set by at_load: PB_ATTN_GRID (0940) on as well
 GRID_EXTRA = 4  # 0940: the prompt kernel's programs a head past one a BLOCK_M of the step's query tokens
+FEWER = False  # set by at_load: PB_FEWER_LAUNCHES (0950) on as well
 
 
 def on() -> bool:
@@ -150,8 +156,11 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
         k_cache, v_cache = k_cache.view(kv_fp8.element()), v_cache.view(kv_fp8.element())
         if read_index.numel() == 0:  # a step of fresh prompts: each reads the rows it has just written
             read_index = write_index
-    else:
+    elif FEWER:  # 0950: both in one launch
         _write_both(k_cache, v_cache, write_index, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    else:
+        k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
+        v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
     # TMA reads a key block as one run of rows: it must not cross a page
     whole_blocks = getattr(allocator, "tokens_per_page", 1) % BLOCK_N == 0
     return _attend(query, k_cache.transpose(0, 1).unsqueeze(0), v_cache.transpose(0, 1).unsqueeze(0), scaling,
@@ -160,9 +169,9 @@ def forward_from_cache(module, query: torch.Tensor, key: torch.Tensor, value: to
 
 def _write_both(k_cache: torch.Tensor, v_cache: torch.Tensor, index: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor) -> None:
-    """0750: a step's new keys and values [tokens, KV heads, dim] into their cache rows `index`
-    ([rows, KV heads, dim] each), in one launch (pb_kv_write) where the kernels run, the bytes
-    upstream's two index_copy_ calls write; those calls elsewhere."""
+    """0950 with 0750: a step's new keys and values [tokens, KV heads, dim] into their cache rows
+    `index` ([rows, KV heads, dim] each), in one launch (pb_kv_write) where the kernels run, the
+    bytes upstream's two index_copy_ calls write; those calls elsewhere."""
     if (not (keys.is_cuda or INTERPRET) or keys.shape[0] == 0 or keys.dtype != k_cache.dtype
             or values.dtype != v_cache.dtype or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1
             or keys.stride(2) != 1 or values.stride(2) != 1 or keys.shape[1:] != k_cache.shape[1:]):
@@ -190,6 +199,12 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
     scale = float(scaling if scaling is not None else dim ** -0.5)
     strides = (query.stride(2), query.stride(1), key.stride(2), key.stride(1), value.stride(2), value.stride(1),
                out.stride(1), out.stride(2))
+    if FEWER:  # 0950: the prompt kernel counts the blocks from cu_q itself
+        block_end = cu_q  # unread
+    else:  # sequences of more than one query token: blocks of BLOCK_M rows, counted over the step in order
+        lengths = cu_q[1:] - cu_q[:-1]
+        blocks = torch.where(lengths > 1, (lengths + BLOCK_M - 1) // BLOCK_M, 0)
+        block_end = torch.cumsum(blocks, 0).to(torch.int32)
     indexed = index is not None
     index = index if indexed else cu_k  # unread without INDEXED
     fp8 = scales is not None
@@ -202,10 +217,10 @@ def _attend(query, key, value, scaling, cu_q, cu_k, index=None, fast=None, scale
         prompt_strides = strides[:2] + tuple(t.stride(d) for t in prompt_kv for d in (2, 1)) + strides[6:]
     descriptors = _descriptors(*prompt_kv) if fast else None
     kernel.pb_varlen_attention[(heads, prompt_programs(tokens, sequences))](
-        query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, sequences, scale,
+        query, *prompt_kv, out, *(descriptors or prompt_kv), prompt_index, cu_q, cu_k, block_end, sequences, scale,
         *prompt_strides, GROUPS=groups, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         SEQ_P2=SEQ_CHUNK if stable_launch.STABLE else max(16, pow2(sequences)), FAST=descriptors is not None,
-        INDEXED=indexed and not fp8, TURNS=GRID, num_warps=WARPS)
+        INDEXED=indexed and not fp8, TURNS=GRID, COUNT=FEWER, num_warps=WARPS)
     # sequences of one query token (decode): one program a KV head reads its keys once for its query heads
     if SPLIT:
         keys = index.numel() if indexed else key.shape[2]
@@ -270,13 +285,14 @@ def _decode_in_parts(kernel, query, key, value, out, index, indexed: bool, keys:
 
 def at_load() -> None:
     """The model-load hook: with the knob on, paged sdpa steps attend through the kernel."""
-    global ENABLED, FAST, SPLIT, READ_CACHE, GRID
+    global ENABLED, FAST, SPLIT, READ_CACHE, GRID, FEWER
     knob = on()
     ENABLED = knob and TRITON
     FAST = ENABLED and bool(knobs.get("PB_VARLEN_FAST"))
     SPLIT = ENABLED and bool(knobs.get("PB_SPLIT_DECODE"))
     READ_CACHE = ENABLED and bool(knobs.get("PB_CACHE_READ"))
     GRID = ENABLED and bool(knobs.get("PB_ATTN_GRID"))
+    FEWER = ENABLED and bool(knobs.get("PB_FEWER_LAUNCHES"))
     if knob:
         sys.stderr.write("patchbay: PB_VARLEN_ATTENTION: paged attention steps run one Triton kernel per "
                          "sequence's own keys\n")
@@ -296,5 +312,5 @@ def at_load() -> None:
 
 def restore() -> None:
     """Upstream's attention again (for in-process A/Bs and tests)."""
-    global ENABLED, FAST, SPLIT, READ_CACHE, GRID
-    ENABLED = FAST = SPLIT = READ_CACHE = GRID = False
+    global ENABLED, FAST, SPLIT, READ_CACHE, GRID, FEWER
+    ENABLED = FAST = SPLIT = READ_CACHE = GRID = FEWER = False

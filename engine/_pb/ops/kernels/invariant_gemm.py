@@ -82,7 +82,7 @@ def parts_total(part_ptr, offsets, mask, chunks, chunk_elems):
 
 @triton.jit
 def last_of_tile(counter_ptr, tile, chunks):
-    """PB_GEMM_LAST_SUM (0950): count this program's part of output tile `tile` as stored, once
+    """PB_FEWER_LAUNCHES (0950): count this program's part of output tile `tile` as stored, once
     every thread of the program has stored its share, and tell whether it was the tile's last
     part. The count is an acquire-release atomic: the last program sees every part the others
     stored. The last sets the count back to zero for the next launch (launches on one stream do

@@ -170,35 +170,54 @@ def query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
-def step_blocks(cu_q_ptr, sequences, SEQ_P2: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The query blocks of the whole step."""
-    total = tl.zeros((), dtype=tl.int32)
-    for first_seq in range(0, sequences, SEQ_P2):
-        blocks, _ = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
-        total += tl.sum(blocks, axis=0)
+def step_blocks(cu_q_ptr, block_end_ptr, sequences, SEQ_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+                COUNT: tl.constexpr):
+    """The query blocks of the whole step: the last of block_end, or with COUNT (0950) summed from cu_q."""
+    if COUNT:
+        total = tl.zeros((), dtype=tl.int32)
+        for first_seq in range(0, sequences, SEQ_P2):
+            blocks, _ = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
+            total += tl.sum(blocks, axis=0)
+    else:
+        total = tl.load(block_end_ptr + sequences - 1)
     return total
 
 
 @triton.jit
-def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, head,
-                 sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                 stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr):
-    """The step's query block number `pid` (blocks numbered over the sequences in order) for one
-    head; nothing where the step has fewer blocks."""
-    # the sequence this query block belongs to: how many sequences' blocks end at or before it,
-    # counted SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2), each
-    # chunk's ends a running sum of its sequences' blocks from the chunks' before it; `before`
-    # counts the blocks of the sequences that end at or before it (those before `seq`)
+def block_owner(pid, cu_q_ptr, block_end_ptr, sequences, SEQ_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+                COUNT: tl.constexpr):
+    """The sequence query block `pid` belongs to (`sequences` past the step's last block) and the
+    blocks of the sequences before it: how many sequences' blocks end at or before it, counted
+    SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2). The ends are read
+    from block_end (the host's running sum), or with COUNT (0950) summed from cu_q here, each
+    chunk's from the chunks' before it."""
     seq = tl.zeros((), dtype=tl.int32)
     before = tl.zeros((), dtype=tl.int32)
     start = tl.zeros((), dtype=tl.int32)
     for first_seq in range(0, sequences, SEQ_P2):
-        blocks, ok = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
-        done = ((start + tl.cumsum(blocks, axis=0)) <= pid) & ok
+        if COUNT:
+            blocks, ok = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
+            done = ((start + tl.cumsum(blocks, axis=0)) <= pid) & ok
+            before += tl.sum(tl.where(done, blocks, 0), axis=0)
+            start += tl.sum(blocks, axis=0)
+        else:
+            seq_ids = first_seq + tl.arange(0, SEQ_P2)
+            done = tl.load(block_end_ptr + seq_ids, mask=seq_ids < sequences, other=2147483647) <= pid
         seq += tl.sum(done.to(tl.int32), axis=0)
-        before += tl.sum(tl.where(done, blocks, 0), axis=0)
-        start += tl.sum(blocks, axis=0)
+    if not COUNT:
+        before = tl.load(block_end_ptr + seq - 1, mask=seq > 0, other=0)
+    return seq, before
+
+
+@triton.jit
+def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr, head,
+                 sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                 stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr,
+                 COUNT: tl.constexpr):
+    """The step's query block number `pid` (blocks numbered over the sequences in order) for one
+    head; nothing where the step has fewer blocks."""
+    seq, before = block_owner(pid, cu_q_ptr, block_end_ptr, sequences, SEQ_P2, BLOCK_M, COUNT)
     if seq < sequences:
         block = pid - before
         q_start = tl.load(cu_q_ptr + seq)
@@ -222,29 +241,33 @@ def prompt_block(pid, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_
 
 
 @triton.jit
-def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, sequences, scale,
-                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                        GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr, TURNS: tl.constexpr = False):
+def pb_varlen_attention(q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr, block_end_ptr,
+                        sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                        stride_oh, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SEQ_P2: tl.constexpr, FAST: tl.constexpr, INDEXED: tl.constexpr,
+                        TURNS: tl.constexpr = False, COUNT: tl.constexpr = False):
     """Sequences of more than one query token: one program takes one block of BLOCK_M query rows
     of one sequence for one head. The grid is (heads, blocks) taken in reverse block order: every
     head of the step's last block first, so the blocks with the most keys start early and the
     query heads sharing a KV head run side by side (their keys stay in cache). FAST (0400): keys and
     values through the TMA descriptors k_desc, v_desc (otherwise unused). TURNS (0940): the grid's
     second side is smaller than the step's blocks may be; its programs take the step's blocks
-    (their count summed from cu_q) in turn, in the same reverse order, each block as above."""
+    (their count read from block_end) in turn, in the same reverse order, each block as above.
+    COUNT (0950): the blocks are counted from cu_q here (block_end is not read), not by the host's
+    torch launches."""
     head = tl.program_id(0)
     if TURNS:
-        total = step_blocks(cu_q_ptr, sequences, SEQ_P2, BLOCK_M)
+        total = step_blocks(cu_q_ptr, block_end_ptr, sequences, SEQ_P2, BLOCK_M, COUNT)
         for turn in range(tl.program_id(1), total, tl.num_programs(1)):
             prompt_block(total - 1 - turn, q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr, cu_q_ptr, cu_k_ptr,
-                         head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                         stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST, INDEXED)
+                         block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                         stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST, INDEXED,
+                         COUNT)
     else:
         prompt_block(tl.num_programs(1) - 1 - tl.program_id(1), q_ptr, k_ptr, v_ptr, out_ptr, k_desc, v_desc, idx_ptr,
-                     cu_q_ptr, cu_k_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt, stride_kh,
-                     stride_vt, stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2, FAST,
-                     INDEXED)
+                     cu_q_ptr, cu_k_ptr, block_end_ptr, head, sequences, scale, stride_qt, stride_qh, stride_kt,
+                     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, GROUPS, HEAD_DIM, BLOCK_M, BLOCK_N, SEQ_P2,
+                     FAST, INDEXED, COUNT)
 
 
 @triton.jit
@@ -428,8 +451,9 @@ def pb_varlen_attention_decode_combine(out_ptr, acc_ptr, ml_ptr, cu_q_ptr, cu_k_
 @triton.jit
 def pb_kv_write(k_ptr, v_ptr, kc_ptr, vc_ptr, idx_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct,
                 stride_ch, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """PB_CACHE_READ (0750): one program a token copies its keys and its values [KV heads, dim] to
-    their cache rows index[token], the bytes two index_copy_ calls write."""
+    """PB_FEWER_LAUNCHES (0950) with PB_CACHE_READ (0750): one program a token copies its keys and
+    its values [KV heads, dim] to their cache rows index[token], the bytes two index_copy_ calls
+    write."""
     token = tl.program_id(0).to(tl.int64)
     row = tl.load(idx_ptr + token).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
