@@ -39,6 +39,16 @@ def finish(total, bias_ptr, out_ptr, rows, cols, row_ok, col_ok, stride_om, stri
              total.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def finish_transposed(total, bias_ptr, out_ptr, rows, cols, col_ok, mask, stride_om, stride_on,
+                      HAS_BIAS: tl.constexpr):
+    """`finish` for a transposed tile (total [columns, rows], as 0810's float8 products sum it)."""
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on, total.to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
 @triton.jit(do_not_specialize=["M"])
 def pb_gemm(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K, CHUNK_K, stride_am, stride_ak, stride_bk, stride_bn,
             stride_om, stride_on, HAS_BIAS: tl.constexpr, CHUNKED: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -193,10 +203,7 @@ def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, co
         if LAST_SUM:
             if last_of_tile(counter_ptr, tile_m * tl.num_programs(0) + tile_n, tl.num_programs(2)):
                 total = parts_total(part_ptr, offsets, mask, tl.num_programs(2), M * N)
-                if HAS_BIAS:
-                    total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-                tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on,
-                         total.to(out_ptr.dtype.element_ty), mask=mask)
+                finish_transposed(total, bias_ptr, out_ptr, rows, cols, col_ok, mask, stride_om, stride_on, HAS_BIAS)
     else:
         total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k_start in range(0, K, CHUNK_K):
@@ -204,7 +211,4 @@ def pb_gemm_fp8(a_ptr, w_ptr, s_ptr, s_rows_ptr, bias_ptr, out_ptr, part_ptr, co
                                             tl.minimum(k_start + CHUNK_K, K), k_offset, stride_wn, stride_am,
                                             stride_sn, stride_sk, SCALE_K, BLOCK_N, BLOCK_M, BLOCK_K, PRECISION,
                                             STEP_SCALE)
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rows[None, :] * stride_om + cols[:, None] * stride_on, total.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+        finish_transposed(total, bias_ptr, out_ptr, rows, cols, col_ok, mask, stride_om, stride_on, HAS_BIAS)

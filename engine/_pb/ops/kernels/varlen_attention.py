@@ -189,21 +189,19 @@ def block_owner(pid, cu_q_ptr, block_end_ptr, sequences, SEQ_P2: tl.constexpr, B
     """The sequence query block `pid` belongs to (`sequences` past the step's last block) and the
     blocks of the sequences before it: how many sequences' blocks end at or before it, counted
     SEQ_P2 sequences at a time (one pass unless PB_STABLE_LAUNCH fixes SEQ_P2). The ends are read
-    from block_end (the host's running sum), or with COUNT (0950) summed from cu_q here, each
-    chunk's from the chunks' before it."""
+    from block_end (the host's running sum), or with COUNT (0950) summed from cu_q here by
+    count_past (past the step's last block `seq` counts the padding too, still `sequences` or more)."""
     seq = tl.zeros((), dtype=tl.int32)
     before = tl.zeros((), dtype=tl.int32)
-    start = tl.zeros((), dtype=tl.int32)
+    seen = tl.zeros((), dtype=tl.int32)
     for first_seq in range(0, sequences, SEQ_P2):
         if COUNT:
-            blocks, ok = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
-            done = ((start + tl.cumsum(blocks, axis=0)) <= pid) & ok
-            before += tl.sum(tl.where(done, blocks, 0), axis=0)
-            start += tl.sum(blocks, axis=0)
+            blocks, _ = query_blocks(cu_q_ptr, first_seq, sequences, SEQ_P2, BLOCK_M)
+            seq, before, seen = count_past(pid, blocks, seq, before, seen)
         else:
             seq_ids = first_seq + tl.arange(0, SEQ_P2)
-            done = tl.load(block_end_ptr + seq_ids, mask=seq_ids < sequences, other=2147483647) <= pid
-        seq += tl.sum(done.to(tl.int32), axis=0)
+            ends = tl.load(block_end_ptr + seq_ids, mask=seq_ids < sequences, other=2147483647)
+            seq += tl.sum((ends <= pid).to(tl.int32), axis=0)
     if not COUNT:
         before = tl.load(block_end_ptr + seq - 1, mask=seq > 0, other=0)
     return seq, before
